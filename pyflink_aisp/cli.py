@@ -1,0 +1,90 @@
+"""``aisp``: the command line of pyflink-aisp.
+
+Subcommands: ``local up|down|status`` (embedded Kafka broker + Flink cluster),
+``model build``, ``ingest`` (real reviews → Kafka), ``demo`` (the main job end
+to end). Exit status 0 on success, 1 on a pyflink-aisp error (printed), 2 on
+bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pyflink_aisp.errors import AispError
+
+__all__ = ["main"]
+
+
+def _cmd_model_build(args: argparse.Namespace) -> int:
+    from pyflink_aisp.models import build_main
+
+    return build_main(["--cache-dir", str(args.cache_dir)] if args.cache_dir else [])
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from pyflink_aisp.datasets import load_rotten_tomatoes
+    from pyflink_aisp.kafka import create_topics, ingest_records
+
+    reviews = load_rotten_tomatoes()[: args.limit]
+    create_topics(args.bootstrap_servers, [args.topic], partitions=args.partitions)
+    names = {1: "fresh", 0: "rotten"}
+    records = ({"id": r.id, "text": r.text, "label": names[r.label]} for r in reviews)
+    result = ingest_records(args.bootstrap_servers, args.topic, records, total=len(reviews),
+                            progress=not args.no_progress)
+    print(f"delivered {result.delivered} failed {result.failed} topic {result.topic}")
+    if result.first_error:
+        print(f"first error: {result.first_error}", file=sys.stderr)
+    return 0 if result.failed == 0 else 1
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from pyflink_aisp._demo import run_demo
+
+    r = run_demo(runner=args.runner, keep_stack=args.keep_stack)
+    ok = r.processed == r.ingested and r.dlq == 0
+    return 0 if ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``aisp`` argument parser."""
+    from pyflink_aisp.local import add_local_commands
+
+    parser = argparse.ArgumentParser(prog="aisp", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_local_commands(sub)
+
+    model = sub.add_parser("model", help="model assets").add_subparsers(dest="model_command", required=True)
+    build = model.add_parser("build", help="export MiniLM to ONNX, train the head, cache with sha256")
+    build.add_argument("--cache-dir", default=None)
+    build.set_defaults(func=_cmd_model_build)
+
+    ingest = sub.add_parser("ingest", help="write the Rotten Tomatoes reviews to a Kafka topic as JSON")
+    ingest.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    ingest.add_argument("--topic", required=True)
+    ingest.add_argument("--limit", type=int, default=None, help="first N reviews only")
+    ingest.add_argument("--partitions", type=int, default=1, help="partitions if the topic is created")
+    ingest.add_argument("--no-progress", action="store_true")
+    ingest.set_defaults(func=_cmd_ingest)
+
+    demo = sub.add_parser("demo", help="the main job on all reviews, on the local stack")
+    demo.add_argument("--runner", choices=["cluster", "local"], default="cluster",
+                      help="cluster: flink run on the standalone cluster; local: MiniCluster")
+    demo.add_argument("--keep-stack", action="store_true", help="leave the stack running")
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``aisp``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except AispError as exc:
+        print(f"aisp: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The error tree of pyflink-aisp.
+
+Every error this package raises on purpose derives from :class:`AispError`, so a
+caller can catch one type. Errors carry the context a user needs to act
+(topic, partition, offset, model version, path, command) and chain their cause
+(``raise ... from exc``)::
+
+    AispError
+    ├── ConfigError            invalid configuration value (raised in __post_init__)
+    ├── EnvironmentSetupError  missing Java/Maven, taken port, failed download
+    │   └── ServiceError       a local service (Kafka broker, Flink cluster) failed
+    ├── ModelError             model asset missing, checksum mismatch, load failure
+    │   └── ChecksumError      a file's sha256 differs from the expected one
+    ├── DataError              a data set is missing or malformed
+    ├── DecodeError            one record could not be decoded (goes to the DLQ)
+    ├── TokenizeError          one input could not be tokenized
+    └── KafkaError             producing to / consuming from Kafka failed
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AispError",
+    "ChecksumError",
+    "ConfigError",
+    "DataError",
+    "DecodeError",
+    "EnvironmentSetupError",
+    "KafkaError",
+    "ModelError",
+    "ServiceError",
+    "TokenizeError",
+]
+
+
+class AispError(Exception):
+    """Root of every error raised on purpose by pyflink-aisp."""
+
+
+class ConfigError(AispError, ValueError):
+    """A configuration value is invalid (raised from ``__post_init__``)."""
+
+
+class EnvironmentSetupError(AispError):
+    """Something the machine must provide is missing (Java, Maven, a free port, a download).
+
+    The message says what to do about it.
+    """
+
+
+class ServiceError(EnvironmentSetupError):
+    """A local service (Kafka broker, Flink cluster) failed to start, answer or stop."""
+
+
+class ModelError(AispError):
+    """A model asset is missing, corrupt or cannot be loaded."""
+
+
+class ChecksumError(ModelError):
+    """A file's sha256 differs from the expected one.
+
+    Attributes:
+        path: The file checked.
+        expected: Expected hex sha256.
+        actual: Hex sha256 of the file on disk.
+    """
+
+    def __init__(self, path: str, expected: str, actual: str) -> None:
+        super().__init__(f"sha256 mismatch for {path}: expected {expected}, got {actual}")
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
+class DataError(AispError):
+    """A data set is missing or malformed."""
+
+
+class DecodeError(AispError):
+    """One record could not be decoded; such records go to the DLQ with ``reason``.
+
+    Attributes:
+        reason: Short machine-readable reason (e.g. ``invalid_json``).
+        detail: Human-readable detail.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class TokenizeError(AispError):
+    """An input could not be tokenized (wrong type, invalid UTF-8)."""
+
+
+class KafkaError(AispError):
+    """Producing to or consuming from Kafka failed (context in the message)."""

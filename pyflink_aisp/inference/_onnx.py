@@ -1,0 +1,163 @@
+"""ONNX Runtime scoring of the sentiment model built by :mod:`pyflink_aisp.models`.
+
+Execution providers are explicit: the caller names them (CPU by default); a
+requested provider that this onnxruntime build lacks, or that fails to load
+(ORT then silently keeps only the CPU provider), raises :class:`ModelError`
+instead of running on another device. Nodes a GPU provider cannot run still
+go to ORT's CPU provider inside the same session; that is ORT's per-node
+placement, not a device fallback.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+
+from pyflink_aisp.errors import ConfigError, ModelError
+from pyflink_aisp.models import EMBEDDING_OUTPUT, SCORE_OUTPUT, ModelAssets
+from pyflink_aisp.models._embed import run_in_buckets
+from pyflink_aisp.tokenize import BatchEncoder
+
+__all__ = ["ExecutionProvider", "OnnxSentimentModel", "ProviderSpec"]
+
+
+class ExecutionProvider(enum.StrEnum):
+    """ONNX Runtime execution provider names (``ort.get_all_providers()``)."""
+
+    CPU = "CPUExecutionProvider"
+    CUDA = "CUDAExecutionProvider"
+    TENSORRT = "TensorrtExecutionProvider"
+
+
+#: A provider name, or ``(name, provider options)`` such as ``("CUDAExecutionProvider", {"device_id": 1})``.
+ProviderSpec = str | tuple[str, Mapping[str, object]]
+
+
+def _split_providers(providers: Sequence[ProviderSpec]) -> tuple[list[str], list[dict[str, object]]]:
+    """Names and option dicts of a provider list, checked against this onnxruntime.
+
+    Raises:
+        ConfigError: The list is empty or a name is not an ONNX Runtime provider.
+        ModelError: A known provider is not available in this onnxruntime build.
+    """
+    if isinstance(providers, str) or not providers:
+        raise ConfigError(f"providers must be a non-empty sequence, got {providers!r}")
+    names: list[str] = []
+    options: list[dict[str, object]] = []
+    for spec in providers:
+        name, opts = (spec[0], dict(spec[1])) if isinstance(spec, tuple) else (spec, {})
+        name = str(name)
+        if name not in ort.get_all_providers():
+            raise ConfigError(f"unknown execution provider {name!r}; known: {ort.get_all_providers()}")
+        if name not in ort.get_available_providers():
+            raise ModelError(
+                f"execution provider {name} is not available in this onnxruntime build "
+                f"(available: {ort.get_available_providers()}); refusing to fall back"
+            )
+        names.append(name)
+        options.append(opts)
+    return names, options
+
+
+class OnnxSentimentModel:
+    """Score texts with the sentiment model: P(fresh) and the sentence embedding.
+
+    Thread-safety: :meth:`predict` may be called from several threads at once
+    (``InferenceSession.run`` and the tokenizer are thread-safe).
+
+    Args:
+        assets: From :func:`~pyflink_aisp.models.ensure_model_assets`.
+        intra_op_num_threads: ORT intra-op threads; None = ORT's default (one
+            per physical core). Set it when several workers share a host.
+        providers: Execution providers in priority order, default CPU only.
+        batch_size: Texts per ``session.run`` inside :meth:`predict`.
+        verify: Re-check the sha256 of the model files before loading.
+
+    Raises:
+        ConfigError: ``intra_op_num_threads`` or ``batch_size`` < 1, or an
+            unknown provider name.
+        ModelError: A requested provider is unavailable or was dropped by ORT,
+            or the model cannot be loaded.
+        ChecksumError: The model files differ from the manifest (``verify``).
+    """
+
+    def __init__(
+        self,
+        assets: ModelAssets,
+        *,
+        intra_op_num_threads: int | None = None,
+        providers: Sequence[ProviderSpec] = (ExecutionProvider.CPU,),
+        batch_size: int = 64,
+        verify: bool = True,
+    ) -> None:
+        if intra_op_num_threads is not None and intra_op_num_threads < 1:
+            raise ConfigError(f"intra_op_num_threads must be >= 1 or None, got {intra_op_num_threads}")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        names, options = _split_providers(providers)
+        if verify:
+            assets.verify()
+        self.assets = assets
+        self.batch_size = batch_size
+        self.encoder = BatchEncoder(assets.tokenizer_path, assets.max_length)
+        self._session = self._open_session(names, options, intra_op_num_threads)
+
+    def _open_session(
+        self, names: list[str], options: list[dict[str, object]], intra_op_num_threads: int | None
+    ) -> ort.InferenceSession:
+        session_options = ort.SessionOptions()
+        session_options.inter_op_num_threads = 1
+        if intra_op_num_threads is not None:
+            session_options.intra_op_num_threads = intra_op_num_threads
+        try:
+            session = ort.InferenceSession(
+                str(self.assets.onnx_path),
+                sess_options=session_options,
+                providers=names,
+                provider_options=options,
+            )
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/RuntimeError types
+            raise ModelError(
+                f"cannot load {self.assets.onnx_path} (model {self.assets.sha256[:12]}): {exc}"
+            ) from exc
+        dropped = [name for name in names if name not in session.get_providers()]
+        if dropped:
+            raise ModelError(
+                f"onnxruntime could not initialise {dropped} for model {self.assets.sha256[:12]} "
+                f"(session has {session.get_providers()}); refusing to fall back"
+            )
+        return session
+
+    @property
+    def model_version(self) -> str:
+        """sha256 of ``model.onnx``."""
+        return self.assets.sha256
+
+    @property
+    def providers(self) -> list[str]:
+        """Execution providers of the session, in priority order."""
+        return list(self._session.get_providers())
+
+    def predict(self, texts: Sequence[str]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """Score texts, batching by token length internally.
+
+        Args:
+            texts: Review texts, any order and lengths (truncated to
+                ``assets.max_length`` tokens).
+
+        Returns:
+            ``(scores, embeddings)`` in input order: ``scores`` float32 ``(n,)``
+            = P(fresh); ``embeddings`` float32 ``(n, embedding_dim)``,
+            L2-normalised.
+
+        Raises:
+            TokenizeError: An input is not a ``str``.
+        """
+        embeddings, scores = run_in_buckets(
+            self._session, self.encoder, texts, [EMBEDDING_OUTPUT, SCORE_OUTPUT], batch_size=self.batch_size
+        )
+        return scores.reshape(-1), embeddings.reshape(len(texts), self.assets.embedding_dim)

@@ -1,0 +1,42 @@
+"""Kafka for pyflink-aisp: Flink source/sink tables with safe exactly-once defaults,
+JSON decoding with a dead-letter queue, and ingestion/admin on confluent-kafka.
+
+The PyFlink-dependent pieces (:class:`DecodeFunction`, :data:`DLQ_TAG`) live in
+``pyflink_aisp.kafka.flink`` so that importing this package needs no PyFlink.
+"""
+
+from __future__ import annotations
+
+from pyflink_aisp.kafka._admin import create_topics, delete_topics, list_topics, read_topic
+from pyflink_aisp.kafka._decode import (
+    DeadLetter,
+    DecodedRecord,
+    DecodeReason,
+    KafkaCoordinates,
+    decode_review,
+)
+from pyflink_aisp.kafka._ingest import IngestResult, ingest_records
+from pyflink_aisp.kafka._tables import (
+    DeliveryGuarantee,
+    KafkaSinkTable,
+    KafkaSourceTable,
+    StartupMode,
+)
+
+__all__ = [
+    "DeadLetter",
+    "DecodeReason",
+    "DecodedRecord",
+    "DeliveryGuarantee",
+    "IngestResult",
+    "KafkaCoordinates",
+    "KafkaSinkTable",
+    "KafkaSourceTable",
+    "StartupMode",
+    "create_topics",
+    "decode_review",
+    "delete_topics",
+    "ingest_records",
+    "list_topics",
+    "read_topic",
+]

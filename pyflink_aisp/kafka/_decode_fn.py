@@ -1,0 +1,41 @@
+"""The decode step of a job: raw Kafka rows → decoded rows, bad ones to a DLQ side output."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pyflink.common import Row, Types
+from pyflink.datastream import OutputTag, ProcessFunction
+
+from pyflink_aisp.kafka._decode import DeadLetter, KafkaCoordinates, decode_review
+
+__all__ = ["DECODED_TYPE", "DLQ_TAG", "KEY_VALUE_TYPE", "DecodeFunction"]
+
+#: Rows written to Kafka sinks: ``(key STRING, value STRING)``.
+KEY_VALUE_TYPE = Types.ROW_NAMED(["key", "value"], [Types.STRING(), Types.STRING()])
+#: Decoded records: ``(id STRING, text STRING)``.
+DECODED_TYPE = Types.ROW_NAMED(["id", "text"], [Types.STRING(), Types.STRING()])
+#: Side output of dead letters, as ``(key, value)`` rows: key ``topic/partition/offset``,
+#: value the JSON of :meth:`DeadLetter.to_json`.
+DLQ_TAG = OutputTag("dlq", KEY_VALUE_TYPE)
+
+
+class DecodeFunction(ProcessFunction):
+    """Decodes rows ``(value BYTES, topic, partition, offset)`` from a Kafka source table.
+
+    Emits ``(id, text)`` rows; records that fail to decode go to :data:`DLQ_TAG`
+    with their reason and coordinates. Metrics: counter ``aisp.deadLetters``.
+    """
+
+    def open(self, runtime_context: Any) -> None:
+        self._dead = runtime_context.get_metrics_group().add_group("aisp").counter("deadLetters")
+
+    def process_element(self, value: Row, ctx: ProcessFunction.Context) -> Iterator[Any]:
+        source = KafkaCoordinates(topic=value[1], partition=value[2], offset=value[3])
+        result = decode_review(value[0], source)
+        if isinstance(result, DeadLetter):
+            self._dead.inc()
+            yield DLQ_TAG, Row(key=source.default_id(), value=result.to_json())
+        else:
+            yield Row(id=result.id, text=result.text)

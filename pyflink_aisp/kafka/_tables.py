@@ -1,0 +1,168 @@
+"""Flink Kafka source and sink tables with safe exactly-once defaults.
+
+The tables use Flink's Kafka SQL connector (``flink-sql-connector-kafka``, a
+``KafkaSource`` / ``KafkaSink`` underneath). The source reads raw value bytes
+with their topic, partition and offset (metadata columns), so decoding, and
+the dead-letter record of what failed to decode, happen in Python with the
+exact coordinates. Sinks write a raw key and value.
+
+Exactly-once defaults (Flink Kafka connector docs, "Fault Tolerance"):
+``sink.delivery-guarantee = exactly-once`` with a transactional id prefix
+unique per job; ``transaction.timeout.ms`` 10 min, below the broker's default
+``transaction.max.timeout.ms`` (15 min) and well above a checkpoint interval;
+consumers read with ``isolation.level = read_committed``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pyflink_aisp.errors import ConfigError
+
+__all__ = [
+    "DeliveryGuarantee",
+    "KafkaSinkTable",
+    "KafkaSourceTable",
+    "StartupMode",
+]
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+class DeliveryGuarantee(StrEnum):
+    """``sink.delivery-guarantee`` values of the Flink Kafka connector."""
+
+    EXACTLY_ONCE = "exactly-once"
+    AT_LEAST_ONCE = "at-least-once"
+    NONE = "none"
+
+
+class StartupMode(StrEnum):
+    """``scan.startup.mode`` values used here."""
+
+    EARLIEST = "earliest-offset"
+    LATEST = "latest-offset"
+    GROUP_OFFSETS = "group-offsets"
+
+
+def _check(name: str, topic: str, bootstrap_servers: str) -> None:
+    if not _IDENT.match(name):
+        raise ConfigError(f"table name {name!r} is not a plain SQL identifier")
+    if not _TOPIC.match(topic):
+        raise ConfigError(f"{topic!r} is not a legal Kafka topic name")
+    if not bootstrap_servers:
+        raise ConfigError("bootstrap_servers must not be empty")
+
+
+def _with(options: dict[str, str]) -> str:
+    def q(s: str) -> str:
+        return "'" + s.replace("'", "''") + "'"
+
+    return ",\n  ".join(f"{q(k)} = {q(v)}" for k, v in options.items())
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaSourceTable:
+    """A Kafka topic as a table ``(value BYTES, topic STRING, partition INT, offset BIGINT)``.
+
+    Attributes:
+        name: SQL table name.
+        topic: Kafka topic.
+        bootstrap_servers: ``host:port[,host:port]``.
+        group_id: Consumer group (offsets are committed to it on checkpoints).
+        bounded: Stop at the latest offsets seen at job start (``scan.bounded.mode
+            = latest-offset``): the run ends. Required in BATCH mode.
+        startup_mode: Where reading starts.
+    """
+
+    name: str
+    topic: str
+    bootstrap_servers: str
+    group_id: str
+    bounded: bool = False
+    startup_mode: StartupMode = StartupMode.EARLIEST
+
+    def __post_init__(self) -> None:
+        _check(self.name, self.topic, self.bootstrap_servers)
+        if not self.group_id:
+            raise ConfigError("group_id must not be empty")
+
+    def ddl(self) -> str:
+        """The ``CREATE TEMPORARY TABLE`` statement."""
+        options = {
+            "connector": "kafka",
+            "topic": self.topic,
+            "properties.bootstrap.servers": self.bootstrap_servers,
+            "properties.group.id": self.group_id,
+            "properties.isolation.level": "read_committed",
+            "scan.startup.mode": self.startup_mode.value,
+            "format": "raw",
+        }
+        if self.bounded:
+            options["scan.bounded.mode"] = "latest-offset"
+        return (
+            f"CREATE TEMPORARY TABLE `{self.name}` (\n"
+            "  `value` BYTES,\n"
+            "  `topic` STRING METADATA VIRTUAL,\n"
+            "  `partition` INT METADATA VIRTUAL,\n"
+            "  `offset` BIGINT METADATA VIRTUAL\n"
+            f") WITH (\n  {_with(options)}\n)"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaSinkTable:
+    """A table ``(key STRING, value STRING)`` written to a Kafka topic as raw UTF-8.
+
+    Attributes:
+        name: SQL table name.
+        topic: Kafka topic.
+        bootstrap_servers: ``host:port[,host:port]``.
+        delivery_guarantee: Exactly-once by default (needs checkpoints in STREAMING
+            mode; in BATCH mode transactions commit when the input ends).
+        transactional_id_prefix: Unique per job and sink; required for exactly-once.
+        transaction_timeout_ms: Kafka producer ``transaction.timeout.ms``.
+    """
+
+    name: str
+    topic: str
+    bootstrap_servers: str
+    transactional_id_prefix: str
+    delivery_guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
+    transaction_timeout_ms: int = 600_000
+
+    def __post_init__(self) -> None:
+        _check(self.name, self.topic, self.bootstrap_servers)
+        if self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
+            if not self.transactional_id_prefix:
+                raise ConfigError("exactly-once needs a transactional_id_prefix")
+        if not 1_000 <= self.transaction_timeout_ms <= 900_000:
+            raise ConfigError(
+                "transaction_timeout_ms must be within [1000, 900000] "
+                "(the broker's default transaction.max.timeout.ms is 900000)"
+            )
+
+    def ddl(self) -> str:
+        """The ``CREATE TEMPORARY TABLE`` statement."""
+        options = {
+            "connector": "kafka",
+            "topic": self.topic,
+            "properties.bootstrap.servers": self.bootstrap_servers,
+            "key.format": "raw",
+            "key.fields": "key",
+            "value.format": "raw",
+            "value.fields-include": "EXCEPT_KEY",
+            "sink.delivery-guarantee": self.delivery_guarantee.value,
+            "properties.transaction.timeout.ms": str(self.transaction_timeout_ms),
+        }
+        if self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
+            options["sink.transactional-id-prefix"] = self.transactional_id_prefix
+        return (
+            f"CREATE TEMPORARY TABLE `{self.name}` (\n"
+            "  `key` STRING,\n"
+            "  `value` STRING\n"
+            f") WITH (\n  {_with(options)}\n)"
+        )

@@ -1,0 +1,7 @@
+"""PyFlink functions of the Kafka area (importing this module imports PyFlink)."""
+
+from __future__ import annotations
+
+from pyflink_aisp.kafka._decode_fn import DECODED_TYPE, DLQ_TAG, KEY_VALUE_TYPE, DecodeFunction
+
+__all__ = ["DECODED_TYPE", "DLQ_TAG", "KEY_VALUE_TYPE", "DecodeFunction"]

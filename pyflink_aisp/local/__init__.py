@@ -1,0 +1,82 @@
+"""Embedded dev stack: a Kafka (KRaft) broker and a Flink standalone cluster on loopback.
+
+Typical use (tests, notebooks)::
+
+    stack = LocalStack(LocalStackConfig(state_dir=tmp, kafka_port=19092, with_flink=False))
+    status = stack.up()          # idempotent; waits until the broker answers metadata
+    status.bootstrap_servers     # '127.0.0.1:19092'
+    stack.down()                 # stops only the pids `up` recorded
+
+Jars (Kafka broker classpath, Flink Kafka connector) come from Maven Central via
+the poms in ``connectors/`` and are cached under ``<aisp_home>/jars``
+(:func:`ensure_jars`). Jobs load the connector with
+``pipeline.jars = pipeline_jars_value()`` and are submitted with
+``subprocess.run(flink_run_command("job.py"), env=flink_env())``.
+"""
+
+from pyflink_aisp.local._cli import add_local_commands, run_jars_command, run_local_command
+from pyflink_aisp.local._flink import (
+    FlinkCluster,
+    FlinkClusterConfig,
+    flink_env,
+    flink_overview,
+    flink_run_command,
+    pyflink_home,
+    render_flink_config,
+)
+from pyflink_aisp.local._jars import (
+    JarKind,
+    connectors_dir,
+    ensure_jars,
+    flink_connector_jars,
+    pipeline_jars_value,
+    require_tools,
+)
+from pyflink_aisp.local._kafka import (
+    KafkaBroker,
+    KafkaBrokerConfig,
+    broker_answers,
+    render_kafka_log4j2,
+    render_server_properties,
+)
+from pyflink_aisp.local._procs import find_free_port, port_is_free
+from pyflink_aisp.local._stack import (
+    ENV_VARS,
+    LocalStack,
+    LocalStackConfig,
+    ServiceStatus,
+    StackStatus,
+    default_state_dir,
+)
+
+__all__ = [
+    "ENV_VARS",
+    "FlinkCluster",
+    "FlinkClusterConfig",
+    "JarKind",
+    "KafkaBroker",
+    "KafkaBrokerConfig",
+    "LocalStack",
+    "LocalStackConfig",
+    "ServiceStatus",
+    "StackStatus",
+    "add_local_commands",
+    "broker_answers",
+    "connectors_dir",
+    "default_state_dir",
+    "ensure_jars",
+    "find_free_port",
+    "flink_connector_jars",
+    "flink_env",
+    "flink_overview",
+    "flink_run_command",
+    "pipeline_jars_value",
+    "port_is_free",
+    "pyflink_home",
+    "render_flink_config",
+    "render_kafka_log4j2",
+    "render_server_properties",
+    "require_tools",
+    "run_jars_command",
+    "run_local_command",
+]

@@ -1,0 +1,244 @@
+"""Jar cache: JVM jars resolved from Maven Central by the poms in ``connectors/``.
+
+``ensure_jars(JarKind.KAFKA_BROKER)`` gives the Kafka broker classpath,
+``ensure_jars(JarKind.FLINK)`` the Flink Kafka SQL connector (uber jar) that jobs
+load through ``pipeline.jars``. Jars land in ``<aisp_home>/jars/<kind>/`` next to
+a marker holding the pom's sha256, so editing a pom re-resolves on next use.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from enum import StrEnum
+from pathlib import Path
+
+from pyflink_aisp._home import aisp_home, project_root
+from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
+
+__all__ = [
+    "JarKind",
+    "connectors_dir",
+    "ensure_jars",
+    "flink_connector_jars",
+    "pipeline_jars_value",
+    "require_tools",
+]
+
+_MARKER = ".aisp-jars.json"
+_INSTALL_HINT = "install them with `apt-get install maven openjdk-17-jdk-headless`"
+
+
+class JarKind(StrEnum):
+    """Which jar set to resolve; the value names the cache folder."""
+
+    KAFKA_BROKER = "kafka-broker"
+    FLINK = "flink"
+
+    @property
+    def pom_name(self) -> str:
+        """File name of the pom in ``connectors/`` that pins this set."""
+        return {"kafka-broker": "kafka-broker.pom.xml", "flink": "flink-connectors.pom.xml"}[self.value]
+
+
+def require_tools(*names: str) -> dict[str, str]:
+    """Locate executables on PATH.
+
+    Args:
+        names: Executables to find (e.g. ``"java"``, ``"mvn"``).
+
+    Returns:
+        Name to absolute path.
+
+    Raises:
+        EnvironmentSetupError: If any is missing (the message says what to install).
+    """
+    found = {name: shutil.which(name) for name in names}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        raise EnvironmentSetupError(
+            f"{', '.join(missing)} not found on PATH; the local stack needs Java 17 and "
+            f"Maven: {_INSTALL_HINT}"
+        )
+    return {name: path for name, path in found.items() if path is not None}
+
+
+def _jar_kind(kind: JarKind | str) -> JarKind:
+    try:
+        return JarKind(kind)
+    except ValueError as exc:
+        choices = ", ".join(k.value for k in JarKind)
+        raise ConfigError(f"unknown jar kind {kind!r}; expected one of {choices}") from exc
+
+
+def connectors_dir() -> Path:
+    """The ``connectors/`` folder of the source checkout.
+
+    Raises:
+        EnvironmentSetupError: If the package is not running from a source checkout.
+    """
+    root = project_root()
+    if root is None or not (root / "connectors").is_dir():
+        raise EnvironmentSetupError(
+            "connectors/*.pom.xml not found: the jar cache is filled from a source "
+            "checkout of pyflink-aisp; run from the checkout (editable install: "
+            "`pip install -e .`)"
+        )
+    return root / "connectors"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _cached_jars(dest: Path, pom_sha256: str | None) -> list[Path] | None:
+    """The cached jars if ``dest`` is complete for this pom (any pom if None), else None."""
+    try:
+        marker = json.loads((dest / _MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if pom_sha256 is not None and marker.get("pom_sha256") != pom_sha256:
+        return None
+    jars = [dest / name for name in marker.get("jars", [])]
+    if not jars or not all(jar.is_file() for jar in jars):
+        return None
+    return sorted(jars)
+
+
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_jars(
+    kind: JarKind | str,
+    *,
+    cache_dir: Path | None = None,
+    connectors: Path | None = None,
+    timeout_s: float = 900.0,
+) -> list[Path]:
+    """Return the jars of ``kind``, resolving them with Maven first when needed.
+
+    Runs ``mvn -q -B -f connectors/<pom> dependency:copy-dependencies`` into a temp
+    folder and renames it into place, so an interrupted download never looks
+    complete. Safe to call from several processes (file lock). Outside a source
+    checkout an already filled cache is used as it is.
+
+    Args:
+        kind: ``"kafka-broker"`` or ``"flink"`` (or a :class:`JarKind`).
+        cache_dir: Parent of the per-kind folders; default ``<aisp_home>/jars``.
+        connectors: Folder with the poms; default the checkout's ``connectors/``.
+        timeout_s: Limit for the Maven run, seconds.
+
+    Returns:
+        Absolute jar paths, sorted by name.
+
+    Raises:
+        ConfigError: Unknown ``kind``.
+        EnvironmentSetupError: No source checkout, no ``mvn``/``java``, or Maven failed.
+    """
+    kind = _jar_kind(kind)
+    parent = cache_dir or aisp_home() / "jars"
+    dest = parent / kind.value
+    try:
+        pom = (connectors or connectors_dir()) / kind.pom_name
+    except EnvironmentSetupError:
+        cached = _cached_jars(dest, None)  # regular install: take a filled cache as is
+        if cached is None:
+            raise
+        return cached
+    if not pom.is_file():
+        raise EnvironmentSetupError(f"pom not found: {pom}")
+    pom_sha256 = _sha256(pom)
+    cached = _cached_jars(dest, pom_sha256)
+    if cached is not None:
+        return cached
+    with _locked(parent / f".{kind.value}.lock"):
+        cached = _cached_jars(dest, pom_sha256)  # another process may have finished
+        if cached is not None:
+            return cached
+        return _resolve_into(pom, pom_sha256, dest, timeout_s)
+
+
+def _resolve_into(pom: Path, pom_sha256: str, dest: Path, timeout_s: float) -> list[Path]:
+    tools = require_tools("java", "mvn")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        _run_maven(tools["mvn"], pom, tmp, timeout_s)
+        jars = sorted(p.name for p in tmp.glob("*.jar"))
+        if not jars:
+            raise EnvironmentSetupError(f"Maven resolved no jars from {pom}")
+        marker = {"pom": str(pom), "pom_sha256": pom_sha256, "jars": jars}
+        (tmp / _MARKER).write_text(json.dumps(marker, indent=2), encoding="utf-8")
+        _swap_in(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [dest / name for name in jars]
+
+
+def _run_maven(mvn: str, pom: Path, out_dir: Path, timeout_s: float) -> None:
+    cmd = [
+        mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+        f"-DoutputDirectory={out_dir}", "-DincludeScope=runtime",
+    ]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise EnvironmentSetupError(
+            f"Maven did not finish within {timeout_s:.0f} s resolving {pom.name}; "
+            "check network access to Maven Central (https://repo.maven.apache.org)"
+        ) from exc
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+        raise EnvironmentSetupError(
+            f"`{' '.join(cmd)}` failed (exit {proc.returncode}). Jars come from Maven "
+            "Central: check network access / proxy settings (~/.m2/settings.xml).\n"
+            f"Maven output (tail):\n{tail}"
+        )
+
+
+def _swap_in(tmp: Path, dest: Path) -> None:
+    """Replace ``dest`` by ``tmp`` with renames (old copy removed afterwards)."""
+    old = None
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old.{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dest, old)
+    os.replace(tmp, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def flink_connector_jars(*, cache_dir: Path | None = None) -> list[Path]:
+    """The Flink connector jars jobs need (the ``flink-sql-connector-kafka`` uber jar).
+
+    Raises:
+        EnvironmentSetupError: As :func:`ensure_jars`.
+    """
+    return ensure_jars(JarKind.FLINK, cache_dir=cache_dir)
+
+
+def pipeline_jars_value(jars: Sequence[Path] | None = None) -> str:
+    """The ``pipeline.jars`` value: ``file://`` URLs joined with ``;``.
+
+    Args:
+        jars: Jars to list; default :func:`flink_connector_jars`.
+
+    Raises:
+        EnvironmentSetupError: As :func:`ensure_jars` (only when ``jars`` is None).
+    """
+    chosen = flink_connector_jars() if jars is None else jars
+    return ";".join(Path(jar).resolve().as_uri() for jar in chosen)

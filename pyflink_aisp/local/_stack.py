@@ -1,0 +1,312 @@
+"""The local dev stack: Kafka broker (+ optional Flink cluster) under one state folder.
+
+``<state_dir>`` (default ``<aisp_home>/local``) holds ``kafka/``, ``flink/``,
+``stack.json`` (the ports ``up`` used, so ``status`` reports the right addresses)
+and ``.lock`` (serialises ``up``/``down`` across processes).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from pyflink_aisp._home import aisp_home
+from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
+from pyflink_aisp.local._flink import FlinkCluster, FlinkClusterConfig
+from pyflink_aisp.local._kafka import KafkaBroker, KafkaBrokerConfig
+
+__all__ = [
+    "ENV_VARS",
+    "LocalStack",
+    "LocalStackConfig",
+    "ServiceStatus",
+    "StackStatus",
+    "default_state_dir",
+]
+
+#: Environment variables read by :meth:`LocalStackConfig.from_env`, by field.
+ENV_VARS: Mapping[str, str] = {
+    "state_dir": "AISP_LOCAL_DIR",
+    "kafka_port": "AISP_KAFKA_PORT",
+    "kafka_controller_port": "AISP_KAFKA_CONTROLLER_PORT",
+    "flink_rest_port": "AISP_FLINK_REST_PORT",
+    "flink_rpc_port": "AISP_FLINK_RPC_PORT",
+}
+_PORT_FIELDS = ("kafka_port", "kafka_controller_port", "flink_rest_port", "flink_rpc_port")
+_RECORD = "stack.json"
+
+
+def default_state_dir() -> Path:
+    """``<aisp_home>/local``."""
+    return aisp_home() / "local"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalStackConfig:
+    """Settings of the local stack.
+
+    Attributes:
+        state_dir: Folder for configs, data, logs and pid files of both services.
+        kafka_port: Broker PLAINTEXT port on 127.0.0.1.
+        kafka_controller_port: KRaft controller port on 127.0.0.1.
+        kafka_heap_mb: Broker JVM heap, MiB.
+        flink_rest_port: Flink REST/web UI port.
+        flink_rpc_port: Flink JobManager RPC port.
+        with_flink: Whether ``up`` also starts the Flink cluster.
+
+    Raises:
+        ConfigError: Invalid or clashing ports, or an invalid service setting.
+    """
+
+    state_dir: Path = field(default_factory=default_state_dir)
+    kafka_port: int = 9092
+    kafka_controller_port: int = 9093
+    kafka_heap_mb: int = 512
+    flink_rest_port: int = 8081
+    flink_rpc_port: int = 6123
+    with_flink: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state_dir", Path(self.state_dir).expanduser().absolute())
+        ports = [getattr(self, name) for name in _PORT_FIELDS]
+        if len(set(ports)) != len(ports):
+            raise ConfigError(f"ports must all differ: {dict(zip(_PORT_FIELDS, ports, strict=True))}")
+        self.kafka_config()  # validates the per-service fields
+        self.flink_config()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> LocalStackConfig:
+        """Defaults, then ``AISP_*`` variables (see :data:`ENV_VARS`), then ``overrides``.
+
+        Overrides whose value is None are ignored (handy for unset CLI options).
+
+        Raises:
+            ConfigError: A variable is not an int, or the result is invalid.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name, var in ENV_VARS.items():
+            raw = env.get(var)
+            if raw:
+                values[name] = Path(raw) if name == "state_dir" else _int_from_env(var, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def kafka_config(self) -> KafkaBrokerConfig:
+        """The broker's settings."""
+        return KafkaBrokerConfig(
+            state_dir=self.state_dir,
+            port=self.kafka_port,
+            controller_port=self.kafka_controller_port,
+            heap_mb=self.kafka_heap_mb,
+        )
+
+    def flink_config(self) -> FlinkClusterConfig:
+        """The Flink cluster's settings."""
+        return FlinkClusterConfig(
+            state_dir=self.state_dir, rest_port=self.flink_rest_port, rpc_port=self.flink_rpc_port
+        )
+
+
+def _int_from_env(var: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{var}={raw!r} is not an integer") from exc
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceStatus:
+    """One service of the stack.
+
+    Attributes:
+        name: ``"kafka"`` or ``"flink"``.
+        running: Whether the recorded process(es) are alive.
+        ready: Whether it answers (Kafka metadata / Flink /overview with a TaskManager).
+        pids: Recorded live pids (Flink: JobManager, TaskManager).
+        address: Kafka bootstrap servers or Flink REST URL.
+    """
+
+    name: str
+    running: bool
+    ready: bool
+    pids: tuple[int, ...]
+    address: str
+
+    def line(self) -> str:
+        """``kafka: running pid 1234 bootstrap 127.0.0.1:9092`` or ``flink: stopped``."""
+        if not self.running:
+            return f"{self.name}: stopped"
+        word = "pid" if len(self.pids) == 1 else "pids"
+        what = "bootstrap" if self.name == "kafka" else "rest"
+        state = "running" if self.ready else "running (not answering)"
+        return f"{self.name}: {state} {word} {','.join(map(str, self.pids))} {what} {self.address}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackStatus:
+    """What runs in one state folder."""
+
+    state_dir: Path
+    kafka: ServiceStatus
+    flink: ServiceStatus
+
+    @property
+    def bootstrap_servers(self) -> str | None:
+        """Kafka ``bootstrap.servers`` when the broker runs, else None."""
+        return self.kafka.address if self.kafka.running else None
+
+    @property
+    def rest_url(self) -> str | None:
+        """Flink REST URL when the cluster runs, else None."""
+        return self.flink.address if self.flink.running else None
+
+    def lines(self) -> list[str]:
+        """Human-readable status, one line per service."""
+        return [self.kafka.line(), self.flink.line()]
+
+
+class LocalStack:
+    """Brings the local Kafka broker (and Flink cluster) up and down.
+
+    ``up`` is idempotent: services whose recorded pid is alive and answering are
+    left alone. ``down`` signals only pids that ``up`` recorded in ``state_dir``.
+    ``up``/``down`` hold a file lock on ``<state_dir>/.lock``, so concurrent
+    callers (several test processes) serialise.
+
+    Args:
+        config: Stack settings; default :meth:`LocalStackConfig.from_env`.
+    """
+
+    def __init__(self, config: LocalStackConfig | None = None) -> None:
+        self.config = config if config is not None else LocalStackConfig.from_env()
+
+    @property
+    def state_dir(self) -> Path:
+        """The stack's state folder."""
+        return self.config.state_dir
+
+    def up(self) -> StackStatus:
+        """Start Kafka (and Flink when ``with_flink``) unless running; wait until they answer.
+
+        Returns:
+            The status after start-up.
+
+        Raises:
+            EnvironmentSetupError: A port is taken by another process, the stack already
+                runs here on other ports, or Java / Maven / jars are missing.
+            ServiceError: A service did not come up (message carries its log tail).
+        """
+        with self._locked():
+            recorded = self._recorded()
+            self._check_same_ports(recorded)
+            self._record(recorded)
+            KafkaBroker(self.config.kafka_config()).start()
+            if self.config.with_flink:
+                FlinkCluster(self.config.flink_config()).start()
+            return self._status(self._recorded())
+
+    def down(self) -> StackStatus:
+        """Stop Flink, then Kafka (only pids recorded in ``state_dir``); idempotent.
+
+        Returns:
+            The status afterwards (both stopped).
+        """
+        with self._locked():
+            FlinkCluster(self.config.flink_config()).stop()
+            KafkaBroker(self.config.kafka_config()).stop()
+            return self._status(self._recorded())
+
+    def status(self) -> StackStatus:
+        """What runs now, with the addresses recorded by the last ``up``."""
+        return self._status(self._recorded())
+
+    def flink_config(self) -> FlinkClusterConfig:
+        """The Flink settings in effect: this config with the ports of the last ``up``."""
+        return self._effective(self._recorded()).flink_config()
+
+    def flink_env(self) -> dict[str, str]:
+        """Environment for ``bin/flink`` aimed at this stack's cluster."""
+        return FlinkCluster(self.flink_config()).env()
+
+    def flink_run_command(self, job_py: str | os.PathLike[str], *args: str) -> list[str]:
+        """argv of ``flink run -py job_py args...`` for this stack's cluster (run with :meth:`flink_env`)."""
+        return FlinkCluster(self.flink_config()).run_command(job_py, *args)
+
+    def _effective(self, recorded: Mapping[str, int]) -> LocalStackConfig:
+        changes: dict[str, Any] = dict(recorded)
+        return replace(self.config, **changes) if changes else self.config
+
+    def _status(self, recorded: Mapping[str, int]) -> StackStatus:
+        config = self._effective(recorded)
+        broker = KafkaBroker(config.kafka_config())
+        cluster = FlinkCluster(config.flink_config())
+        kafka_pid = broker.pid()
+        flink_pids = cluster.pids()
+        kafka = ServiceStatus(
+            name="kafka",
+            running=kafka_pid is not None,
+            ready=kafka_pid is not None and broker.is_ready(),
+            pids=() if kafka_pid is None else (kafka_pid,),
+            address=config.kafka_config().bootstrap_servers,
+        )
+        flink = ServiceStatus(
+            name="flink",
+            running=bool(flink_pids),
+            ready=bool(flink_pids) and cluster.is_ready(),
+            pids=tuple(flink_pids),
+            address=config.flink_config().rest_url,
+        )
+        return StackStatus(state_dir=self.state_dir, kafka=kafka, flink=flink)
+
+    def _check_same_ports(self, recorded: Mapping[str, int]) -> None:
+        """Refuse to 'start' a service that already runs here on other ports."""
+        old = self._effective(recorded)
+        checks = [("kafka", KafkaBroker(old.kafka_config()).pid() is not None,
+                   ("kafka_port", "kafka_controller_port"))]  # fmt: skip
+        if self.config.with_flink:
+            running = bool(FlinkCluster(old.flink_config()).pids())
+            checks.append(("flink", running, ("flink_rest_port", "flink_rpc_port")))
+        for name, running, fields in checks:
+            changed = [f for f in fields if getattr(old, f) != getattr(self.config, f)]
+            if running and changed:
+                now = ", ".join(f"{f}={getattr(old, f)}" for f in changed)
+                asked = ", ".join(f"{f}={getattr(self.config, f)}" for f in changed)
+                raise EnvironmentSetupError(
+                    f"{name} already runs from {self.state_dir} with {now} (asked for {asked}); "
+                    "stop it first with `aisp local down` to change ports"
+                )
+
+    def _recorded(self) -> dict[str, int]:
+        try:
+            data = json.loads((self.state_dir / _RECORD).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in data.items() if k in _PORT_FIELDS and isinstance(v, int)}
+
+    def _record(self, recorded: Mapping[str, int]) -> None:
+        ports = asdict(self.config)
+        new = dict(recorded)
+        new.update({k: ports[k] for k in ("kafka_port", "kafka_controller_port")})
+        if self.config.with_flink or "flink_rest_port" not in new:
+            new.update({k: ports[k] for k in ("flink_rest_port", "flink_rpc_port")})
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_dir / (_RECORD + ".tmp")
+        tmp.write_text(json.dumps(new, indent=2, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, self.state_dir / _RECORD)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.state_dir / ".lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)

@@ -1,0 +1,39 @@
+"""Building the real model assets (ONNX graph, sentiment head) with checksums.
+
+Public API: :func:`ensure_model_assets` → :class:`ModelAssets`,
+:func:`load_model_assets`, :func:`sha256_file`, :func:`verify_sha256`,
+:func:`build_encoder_model`, :func:`append_sentiment_head`,
+:func:`locate_source_model`, :class:`BertConfig`, :func:`build_main`.
+"""
+
+from __future__ import annotations
+
+from pyflink_aisp.models._assets import ModelAssets, assets_dir_name, ensure_model_assets, load_model_assets
+from pyflink_aisp.models._checksum import sha256_file, verify_sha256
+from pyflink_aisp.models._cli import build_main
+from pyflink_aisp.models._onnx_graph import (
+    EMBEDDING_OUTPUT,
+    INPUT_NAMES,
+    SCORE_OUTPUT,
+    append_sentiment_head,
+    build_encoder_model,
+)
+from pyflink_aisp.models._source import BertConfig, SourceModel, locate_source_model
+
+__all__ = [
+    "EMBEDDING_OUTPUT",
+    "INPUT_NAMES",
+    "SCORE_OUTPUT",
+    "BertConfig",
+    "ModelAssets",
+    "SourceModel",
+    "append_sentiment_head",
+    "assets_dir_name",
+    "build_encoder_model",
+    "build_main",
+    "ensure_model_assets",
+    "load_model_assets",
+    "locate_source_model",
+    "sha256_file",
+    "verify_sha256",
+]

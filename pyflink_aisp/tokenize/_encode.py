@@ -1,0 +1,168 @@
+"""Padded ``(batch, seq_len)`` model inputs from a HF ``tokenizers`` file.
+
+:class:`BatchEncoder` loads a ``tokenizer.json`` with the Rust ``tokenizers``
+library (the same ids as ``transformers.AutoTokenizer`` for that file),
+truncates to ``max_length`` tokens and pads each batch to its longest row
+(``[PAD]`` id and type id from the file), which is what sentence-transformers
+does. :meth:`BatchEncoder.encode_buckets` sorts texts by token count first, so
+rows in one batch have similar lengths and little padding is computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from tokenizers import Encoding as HFEncoding
+from tokenizers import Tokenizer
+
+from pyflink_aisp.errors import ConfigError, ModelError, TokenizeError
+
+__all__ = ["BatchEncoder", "Encoding"]
+
+Int64Array = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Encoding:
+    """One padded batch of model inputs.
+
+    Attributes:
+        input_ids: ``(batch, seq_len)`` int64 token ids, ``[PAD]`` after each row's end.
+        attention_mask: ``(batch, seq_len)`` int64, 1 for real tokens, 0 for padding.
+        token_type_ids: ``(batch, seq_len)`` int64 segment ids (0 for single texts).
+        lengths: ``(batch,)`` int64 real token count per row (special tokens included).
+
+    Raises:
+        ConfigError: The arrays' shapes or dtypes disagree.
+    """
+
+    input_ids: Int64Array
+    attention_mask: Int64Array
+    token_type_ids: Int64Array
+    lengths: Int64Array
+
+    def __post_init__(self) -> None:
+        arrays = (self.input_ids, self.attention_mask, self.token_type_ids)
+        if any(a.ndim != 2 or a.shape != self.input_ids.shape for a in arrays):
+            raise ConfigError("input_ids, attention_mask and token_type_ids need one (batch, seq_len) shape")
+        if any(a.dtype != np.int64 for a in (*arrays, self.lengths)):
+            raise ConfigError("Encoding arrays must be int64")
+        if self.lengths.shape != (self.input_ids.shape[0],):
+            raise ConfigError(f"lengths must have shape (batch,), got {self.lengths.shape}")
+
+    @property
+    def batch_size(self) -> int:
+        """Number of rows."""
+        return int(self.input_ids.shape[0])
+
+    def model_inputs(self) -> dict[str, Int64Array]:
+        """The three named ONNX inputs (``input_ids``, ``attention_mask``, ``token_type_ids``)."""
+        return {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "token_type_ids": self.token_type_ids,
+        }
+
+
+class BatchEncoder:
+    """Tokenize texts into padded int64 batches.
+
+    Thread-safety: ``encode*`` may be called from several threads (the Rust
+    tokenizer is immutable after construction here).
+
+    Args:
+        tokenizer_path: A HF ``tokenizer.json``.
+        max_length: Truncate each text to this many tokens, special tokens included.
+
+    Raises:
+        ConfigError: ``max_length`` < 2.
+        ModelError: The tokenizer file is missing or cannot be parsed.
+    """
+
+    def __init__(self, tokenizer_path: Path | str, max_length: int = 128) -> None:
+        if max_length < 2:
+            raise ConfigError(f"max_length must be >= 2 (room for [CLS] and [SEP]), got {max_length}")
+        path = Path(tokenizer_path)
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises plain Exception subclasses
+            raise ModelError(f"cannot load tokenizer {path}: {exc}") from exc
+        padding = tokenizer.padding or {}
+        self._pad_id = int(padding.get("pad_id", 0))
+        self._pad_type_id = int(padding.get("pad_type_id", 0))
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(max_length=max_length)
+        self._tokenizer = tokenizer
+        self.tokenizer_path = path
+        self.max_length = max_length
+
+    def encode(self, texts: Sequence[str]) -> Encoding:
+        """Tokenize and pad to the longest text.
+
+        Args:
+            texts: Input strings.
+
+        Returns:
+            An :class:`Encoding` with ``batch = len(texts)``; ``seq_len`` is the
+            longest row (0 for an empty input).
+
+        Raises:
+            TokenizeError: An input is not a ``str``.
+        """
+        return self._pad(self._tokenize(texts))
+
+    def encode_buckets(
+        self, texts: Sequence[str], batch_size: int = 64
+    ) -> Iterator[tuple[npt.NDArray[np.intp], Encoding]]:
+        """Tokenize all texts once, then yield length-sorted padded batches.
+
+        Args:
+            texts: Input strings.
+            batch_size: Rows per batch (the last one may be smaller).
+
+        Yields:
+            ``(indices, encoding)``: ``indices`` ``(rows,)`` are positions in
+            ``texts`` (ascending token length, ties in input order).
+
+        Raises:
+            ConfigError: ``batch_size`` < 1.
+            TokenizeError: An input is not a ``str``.
+        """
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        rows = self._tokenize(texts)
+        order = np.argsort(np.array([len(r.ids) for r in rows], dtype=np.int64), kind="stable")
+        for start in range(0, len(rows), batch_size):
+            indices = order[start : start + batch_size]
+            yield indices, self._pad([rows[i] for i in indices])
+
+    def _tokenize(self, texts: Sequence[str]) -> list[HFEncoding]:
+        texts = list(texts)
+        for position, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TokenizeError(f"input {position} is {type(text).__name__}, expected str")
+        try:
+            return list(self._tokenizer.encode_batch(texts, add_special_tokens=True))
+        except Exception as exc:  # tokenizers raises plain Exception subclasses
+            raise TokenizeError(f"tokenizer {self.tokenizer_path} failed: {exc}") from exc
+
+    def _pad(self, rows: Sequence[HFEncoding]) -> Encoding:
+        lengths = np.array([len(r.ids) for r in rows], dtype=np.int64)
+        seq_len = int(lengths.max()) if len(rows) else 0
+        shape = (len(rows), seq_len)
+        input_ids = np.full(shape, self._pad_id, dtype=np.int64)
+        token_type_ids = np.full(shape, self._pad_type_id, dtype=np.int64)
+        for row, (encoding, length) in enumerate(zip(rows, lengths, strict=True)):
+            input_ids[row, :length] = encoding.ids
+            token_type_ids[row, :length] = encoding.type_ids
+        attention_mask = (np.arange(seq_len)[None, :] < lengths[:, None]).astype(np.int64)
+        return Encoding(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            lengths=lengths,
+        )

@@ -1,0 +1,71 @@
+"""Session fixtures: a real Kafka broker, unique topics, the built model, the job module.
+
+The broker: ``KAFKA_BOOTSTRAP`` when set, else a KRaft broker of the embedded
+stack started by the suite in a temporary state dir on free ports, stopped at
+the end of the session.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> str:
+    env = os.environ.get("KAFKA_BOOTSTRAP")
+    if env:
+        yield env
+        return
+    from pyflink_aisp.local import KafkaBroker, KafkaBrokerConfig, find_free_port
+
+    port = find_free_port()
+    controller = find_free_port()
+    while controller == port:
+        controller = find_free_port()
+    broker = KafkaBroker(KafkaBrokerConfig(state_dir=tmp_path_factory.mktemp("stack"), port=port,
+                                           controller_port=controller))
+    broker.start()
+    yield broker.config.bootstrap_servers
+    broker.stop()
+
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest):
+    """A factory of unique topic names for this test: ``topic("in")``."""
+    run = uuid.uuid4().hex[:8]
+
+    def make(suffix: str) -> str:
+        name = request.node.name[:40].replace("[", "-").replace("]", "")
+        return f"t-{name}-{run}-{next(_counter)}-{suffix}"
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def model_assets():
+    """The real sentiment model, built once into the project's state dir (reused after)."""
+    from pyflink_aisp.models import ensure_model_assets
+
+    return ensure_model_assets()
+
+
+@pytest.fixture(scope="session")
+def review_job():
+    """``jobs/review_sentiment.py`` imported as a module."""
+    spec = importlib.util.spec_from_file_location("review_sentiment", ROOT / "jobs" / "review_sentiment.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["review_sentiment"] = module
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,108 @@
+"""The main job on a real broker and a real PyFlink MiniCluster, in BATCH and STREAMING mode."""
+
+import json
+
+import numpy as np
+import pytest
+from confluent_kafka import Producer
+
+from pyflink_aisp.datasets import load_rotten_tomatoes
+from pyflink_aisp.inference import OnnxSentimentModel
+from pyflink_aisp.kafka import create_topics, read_topic
+
+pytestmark = pytest.mark.integration
+
+N_GOOD = 500
+MALFORMED = [
+    (b'{"id": "bad-json", "text": ', "invalid_json"),
+    (b'{"id": "no-text"}', "missing_text"),
+    (b'\xff\xfe{"id": "x", "text": "y"}', "invalid_utf8"),
+    (None, "null_value"),
+    (b"{}", "missing_text"),
+]
+
+
+@pytest.fixture(scope="module")
+def reviews():
+    return load_rotten_tomatoes()[:N_GOOD]
+
+
+@pytest.fixture(scope="module")
+def expected_scores(reviews, model_assets):
+    scores, _ = OnnxSentimentModel(model_assets).predict([r.text for r in reviews])
+    return {r.id: float(s) for r, s in zip(reviews, scores, strict=True)}
+
+
+def _produce(bootstrap, topic, reviews):
+    """Good reviews with a malformed record after every 100th; returns the malformed offsets."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    offsets, offset = {}, 0
+    for i, r in enumerate(reviews):
+        producer.produce(topic, key=r.id, value=json.dumps({"id": r.id, "text": r.text, "label": r.label}))
+        offset += 1
+        if i % 100 == 50:
+            value, reason = MALFORMED[i // 100]
+            producer.produce(topic, value=value)
+            offsets[offset] = reason
+            offset += 1
+    assert producer.flush(30) == 0
+    return offsets
+
+
+@pytest.mark.parametrize("mode", ["batch", "streaming"])
+def test_scores_every_review_once_and_dead_letters_bad_records(
+    mode, kafka_bootstrap, topic, model_assets, review_job, reviews, expected_scores
+):
+    t_in, t_out, t_dlq = topic("in"), topic("out"), topic("dlq")
+    create_topics(kafka_bootstrap, [t_in, t_out, t_dlq])
+    bad_offsets = _produce(kafka_bootstrap, t_in, reviews)
+    cfg = review_job.parse_args([
+        "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
+        "--dlq-topic", t_dlq, "--mode", mode, "--model-dir", str(model_assets.directory),
+        "--checkpoint-interval-ms", "1000",
+    ])
+    result = review_job.build_and_run(review_job.make_environment(cfg), cfg)
+    try:
+        if mode == "batch":
+            result.wait()
+        out = read_topic(kafka_bootstrap, t_out, min_count=N_GOOD, timeout_s=240, quiet_s=4)
+        dlq = read_topic(kafka_bootstrap, t_dlq, min_count=len(MALFORMED), timeout_s=60, quiet_s=4)
+    finally:
+        if mode == "streaming":
+            result.get_job_client().cancel().result()
+
+    docs = [json.loads(m.value()) for m in out]
+    ids = [d["id"] for d in docs]
+    assert len(ids) == N_GOOD and set(ids) == set(expected_scores)
+    for d in docs:
+        assert d["model_sha256"] == model_assets.sha256
+        assert d["score"] == pytest.approx(expected_scores[d["id"]], abs=1e-5)
+        assert d["label"] == ("fresh" if expected_scores[d["id"]] >= 0.5 else "rotten")
+        assert "embedding" not in d
+    assert {m.key().decode() for m in out} == set(expected_scores)
+
+    letters = [json.loads(m.value()) for m in dlq]
+    assert {d["offset"]: d["reason"] for d in letters} == bad_offsets
+    assert all(d["topic"] == t_in and d["partition"] == 0 for d in letters)
+
+
+def test_embedding_flag_adds_the_384_float_embedding(
+    kafka_bootstrap, topic, model_assets, review_job, reviews
+):
+    t_in, t_out = topic("in"), topic("out")
+    create_topics(kafka_bootstrap, [t_in, t_out])
+    few = reviews[:20]
+    _produce(kafka_bootstrap, t_in, few)
+    cfg = review_job.parse_args([
+        "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
+        "--mode", "batch", "--model-dir", str(model_assets.directory), "--with-embedding",
+    ])
+    review_job.build_and_run(review_job.make_environment(cfg), cfg).wait()
+    out = read_topic(kafka_bootstrap, t_out, min_count=20)
+    docs = {d["id"]: d for d in (json.loads(m.value()) for m in out)}
+    _, embeddings = OnnxSentimentModel(model_assets).predict([r.text for r in few])
+    for r, e in zip(few, embeddings, strict=True):
+        got = np.asarray(docs[r.id]["embedding"], dtype=np.float32)
+        assert got.shape == (384,)
+        np.testing.assert_allclose(got, e, atol=1e-5)
+        assert np.linalg.norm(got) == pytest.approx(1.0, abs=1e-4)

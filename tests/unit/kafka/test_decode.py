@@ -1,0 +1,61 @@
+import base64
+import json
+
+import pytest
+
+from pyflink_aisp.kafka import DeadLetter, DecodedRecord, DecodeReason, KafkaCoordinates, decode_review
+
+SRC = KafkaCoordinates(topic="reviews", partition=2, offset=41)
+
+
+def test_valid_record_keeps_id_text_label():
+    out = decode_review(b'{"id": "rt-1", "text": "a fine film", "label": "fresh"}', SRC)
+    assert out == DecodedRecord(id="rt-1", text="a fine film", label="fresh")
+
+
+def test_integer_id_becomes_string_and_missing_id_uses_coordinates():
+    assert decode_review(b'{"id": 7, "text": "x"}', SRC).id == "7"
+    assert decode_review(b'{"text": "x"}', SRC).id == "reviews/2/41"
+
+
+def test_empty_text_is_valid():
+    assert decode_review(b'{"id": "e", "text": ""}', SRC) == DecodedRecord(id="e", text="")
+
+
+def test_non_ascii_text_survives():
+    raw = json.dumps({"id": "u", "text": "très bien — 映画"}, ensure_ascii=False).encode()
+    assert decode_review(raw, SRC).text == "très bien — 映画"
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (None, DecodeReason.NULL_VALUE),
+        (b"\xff\xfe{}", DecodeReason.INVALID_UTF8),
+        (b'{"id": 1, "text": ', DecodeReason.INVALID_JSON),
+        (b"", DecodeReason.INVALID_JSON),
+        (b"[1, 2]", DecodeReason.NOT_AN_OBJECT),
+        (b'"just a string"', DecodeReason.NOT_AN_OBJECT),
+        (b"{}", DecodeReason.MISSING_TEXT),
+        (b'{"id": "a", "text": null}', DecodeReason.MISSING_TEXT),
+        (b'{"id": "a", "text": 5}', DecodeReason.TEXT_NOT_STRING),
+        (b'{"id": ["a"], "text": "t"}', DecodeReason.BAD_ID),
+        (b'{"id": true, "text": "t"}', DecodeReason.BAD_ID),
+    ],
+)
+def test_bad_records_become_dead_letters_with_reason(value, reason):
+    out = decode_review(value, SRC)
+    assert isinstance(out, DeadLetter)
+    assert out.reason is reason
+    assert out.source == SRC
+    assert out.value == value
+
+
+def test_dead_letter_json_keeps_raw_bytes_and_coordinates():
+    out = decode_review(b"\xff\x00oops", SRC)
+    doc = json.loads(out.to_json())
+    assert doc["reason"] == "invalid_utf8"
+    assert (doc["topic"], doc["partition"], doc["offset"]) == ("reviews", 2, 41)
+    assert base64.b64decode(doc["value_base64"]) == b"\xff\x00oops"
+    assert "byte 0" in doc["detail"]
+    assert json.loads(decode_review(None, SRC).to_json())["value_base64"] is None

@@ -1,0 +1,51 @@
+import pytest
+
+from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.kafka import DeliveryGuarantee, KafkaSinkTable, KafkaSourceTable
+
+
+def test_source_ddl_reads_raw_bytes_with_metadata_and_read_committed():
+    ddl = KafkaSourceTable(name="src", topic="in.t", bootstrap_servers="h:1", group_id="g").ddl()
+    assert "`offset` BIGINT METADATA VIRTUAL" in ddl
+    assert "'properties.isolation.level' = 'read_committed'" in ddl
+    assert "'format' = 'raw'" in ddl
+    assert "scan.bounded.mode" not in ddl
+
+
+def test_bounded_source_stops_at_latest_offsets():
+    ddl = KafkaSourceTable(name="s", topic="t", bootstrap_servers="h:1", group_id="g", bounded=True).ddl()
+    assert "'scan.bounded.mode' = 'latest-offset'" in ddl
+
+
+def test_sink_defaults_to_exactly_once_with_prefix_and_timeout():
+    ddl = KafkaSinkTable(name="o", topic="out", bootstrap_servers="h:1", transactional_id_prefix="p").ddl()
+    assert "'sink.delivery-guarantee' = 'exactly-once'" in ddl
+    assert "'sink.transactional-id-prefix' = 'p'" in ddl
+    assert "'properties.transaction.timeout.ms' = '600000'" in ddl
+
+
+def test_option_values_are_quoted():
+    ddl = KafkaSourceTable(name="s", topic="t", bootstrap_servers="h:1", group_id="it's").ddl()
+    assert "'it''s'" in ddl
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"name": "bad name"},
+        {"topic": "bad topic!"},
+        {"bootstrap_servers": ""},
+        {"transactional_id_prefix": ""},
+        {"transaction_timeout_ms": 3_600_000},
+    ],
+)
+def test_sink_rejects_bad_config(kwargs):
+    base = {"name": "o", "topic": "out", "bootstrap_servers": "h:1", "transactional_id_prefix": "p"}
+    with pytest.raises(ConfigError):
+        KafkaSinkTable(**{**base, **kwargs})
+
+
+def test_at_least_once_needs_no_prefix():
+    t = KafkaSinkTable(name="o", topic="out", bootstrap_servers="h:1", transactional_id_prefix="",
+                       delivery_guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
+    assert "transactional-id-prefix" not in t.ddl()

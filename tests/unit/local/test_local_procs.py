@@ -1,0 +1,125 @@
+"""Pid files, liveness, ports, polling and termination helpers."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from pyflink_aisp.local._procs import (
+    find_free_port,
+    is_alive,
+    pid_matches,
+    port_is_free,
+    port_is_open,
+    read_pid_file,
+    tail_text,
+    terminate,
+    wait_until,
+    write_pid_file,
+)
+
+
+def _sleeper(*extra_args, ignore_term=False):
+    code = "import signal, sys, time\n"
+    if ignore_term:
+        code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    code += "print('ready', flush=True)\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code, *extra_args], stdout=subprocess.PIPE)
+    assert proc.stdout.readline() == b"ready\n"  # handler installed before we signal
+    return proc
+
+
+def test_pid_file_roundtrip(tmp_path):
+    path = tmp_path / "sub" / "x.pid"
+    assert read_pid_file(path) == []
+    write_pid_file(path, [12, 34])
+    assert read_pid_file(path) == [12, 34]
+    path.write_text("56\ngarbage\n\n-3\n")
+    assert read_pid_file(path) == [56]
+    with pytest.raises(ValueError):
+        write_pid_file(path, [0])
+
+
+def test_is_alive_self_and_finished_child():
+    assert is_alive(os.getpid())
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert not is_alive(proc.pid)
+
+
+def test_unreaped_child_counts_as_dead():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert wait_until(lambda: not is_alive(proc.pid), 10, 0.05)  # zombie or reaped: dead either way
+
+
+def test_pid_matches_checks_command_line(tmp_path):
+    marker = str(tmp_path / "server.properties")
+    proc = _sleeper(marker)
+    try:
+        assert pid_matches(proc.pid, marker)
+        assert not pid_matches(proc.pid, str(tmp_path / "other"))
+        assert not pid_matches(os.getpid(), marker)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not pid_matches(proc.pid, marker)
+
+
+def test_terminate_graceful():
+    proc = _sleeper()
+    assert terminate([proc.pid], timeout_s=10) == []
+    assert proc.wait(5) == -signal.SIGTERM
+
+
+def test_terminate_escalates_to_sigkill():
+    proc = _sleeper(ignore_term=True)
+    assert terminate([proc.pid], timeout_s=0.3) == [proc.pid]
+    assert proc.wait(5) == -signal.SIGKILL
+
+
+def test_terminate_ignores_dead_pids():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert terminate([proc.pid], timeout_s=1) == []
+
+
+def test_port_checks_with_a_bound_socket():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        assert not port_is_free(port)  # bound, not listening: still taken
+        assert not port_is_open(port)
+        sock.listen()
+        assert not port_is_free(port)
+        assert port_is_open(port)
+    assert port_is_free(port)
+
+
+def test_find_free_port_is_free():
+    port = find_free_port()
+    assert 1024 < port < 65536
+    assert port_is_free(port)
+
+
+def test_wait_until_uses_injected_clock():
+    now = [0.0]
+    sleeps = []
+
+    def sleep(s):
+        sleeps.append(s)
+        now[0] += s
+
+    assert not wait_until(lambda: False, 1.0, 0.3, clock=lambda: now[0], sleep=sleep)
+    assert sum(sleeps) == pytest.approx(1.0)
+    calls = iter([False, False, True])
+    assert wait_until(lambda: next(calls), 10.0, 1.0, clock=lambda: now[0], sleep=sleep)
+
+
+def test_tail_text(tmp_path):
+    path = tmp_path / "log"
+    path.write_text("".join(f"line{i}\n" for i in range(100)))
+    assert tail_text(path, 2) == "line98\nline99"
+    assert tail_text(tmp_path / "missing") == ""
