@@ -102,14 +102,18 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
 
 
 def make_environment(cfg: JobConfig) -> StreamTableEnvironment:
-    """A table environment in the job's runtime mode, with the Kafka connector jar."""
-    from pyflink_aisp.local import pipeline_jars_value
+    """A table environment in the job's runtime mode, with the Kafka connector jar.
+
+    The connector is appended with ``add_jars`` (not by setting ``pipeline.jars``),
+    so the jars that ``flink run -py`` puts there (flink-python) stay.
+    """
+    from pyflink_aisp.local import flink_connector_jars
 
     conf = Configuration()
-    conf.set_string("pipeline.jars", cfg.jars or pipeline_jars_value())
-    conf.set_string("python.executable", sys.executable)
     conf.set_string("python.fn-execution.bundle.time", str(cfg.bundle_time_ms))
     env = StreamExecutionEnvironment.get_execution_environment(conf)
+    env.add_jars(*(cfg.jars.split(";") if cfg.jars else [p.as_uri() for p in flink_connector_jars()]))
+    env.set_python_executable(sys.executable)
     env.set_parallelism(cfg.parallelism)
     if cfg.mode == "batch":
         env.set_runtime_mode(RuntimeExecutionMode.BATCH)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pyflink_aisp._home import project_root
 from pyflink_aisp.errors import AispError, EnvironmentSetupError
+from pyflink_aisp.local import LocalStack
 
 __all__ = ["DemoResult", "run_demo"]
 
@@ -63,13 +64,13 @@ def _fresh_topics(bootstrap: str) -> tuple[str, str, str]:
     return topics
 
 
-def _run_job(runner: str, bootstrap: str, topics: tuple[str, str, str], model_dir: Path) -> float:
-    from pyflink_aisp.local import flink_env, flink_run_command
-
+def _run_job(
+    stack: LocalStack, runner: str, bootstrap: str, topics: tuple[str, str, str], model_dir: Path
+) -> float:
     args = ["--bootstrap-servers", bootstrap, "--input-topic", topics[0], "--output-topic", topics[1],
             "--dlq-topic", topics[2], "--mode", "batch", "--model-dir", str(model_dir)]
     if runner == "cluster":
-        cmd, env = flink_run_command(str(_job_path()), *args), flink_env()
+        cmd, env = stack.flink_run_command(str(_job_path()), *args), stack.flink_env()
     else:
         cmd, env = [sys.executable, str(_job_path()), *args], None
     start = time.perf_counter()
@@ -115,7 +116,7 @@ def run_demo(*, runner: str = "cluster", keep_stack: bool = False) -> DemoResult
     """
     from pyflink_aisp.datasets import load_rotten_tomatoes
     from pyflink_aisp.kafka import ingest_records
-    from pyflink_aisp.local import LocalStack, LocalStackConfig, flink_connector_jars
+    from pyflink_aisp.local import LocalStackConfig, flink_connector_jars
     from pyflink_aisp.models import ensure_model_assets
 
     stack = LocalStack(LocalStackConfig(with_flink=runner == "cluster"))
@@ -133,7 +134,7 @@ def run_demo(*, runner: str = "cluster", keep_stack: bool = False) -> DemoResult
         ingest = ingest_records(bootstrap, topics[0], ({"id": r.id, "text": r.text, "label": label[r.label]}
                                                        for r in reviews), total=len(reviews))
         print(f"ingested   {ingest.delivered} (failed {ingest.failed}) into {topics[0]}")
-        job_s = _run_job(runner, bootstrap, topics, assets.directory)
+        job_s = _run_job(stack, runner, bootstrap, topics, assets.directory)
         processed, dlq, acc, held = _score(bootstrap, topics, {r.id: r.label for r in reviews})
         base = _baseline(assets, [r.text for r in reviews])
     finally:

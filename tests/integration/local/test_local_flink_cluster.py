@@ -1,6 +1,5 @@
 """The full local stack: Kafka + Flink standalone cluster, a PyFlink job via `flink run -py`."""
 
-import shutil
 import subprocess
 import textwrap
 
@@ -9,10 +8,7 @@ import pytest
 from pyflink_aisp.local import LocalStack, LocalStackConfig, find_free_port, flink_overview, port_is_free
 from pyflink_aisp.local._procs import is_alive
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("java") is None, reason="needs Java 17"),
-]
+pytestmark = pytest.mark.integration
 
 JOB = textwrap.dedent(
     """

@@ -3,7 +3,6 @@
 The tests run in file order on one module-scoped stack: up, use, up again, down.
 """
 
-import shutil
 import uuid
 
 import pytest
@@ -13,10 +12,7 @@ from confluent_kafka.admin import AdminClient
 from pyflink_aisp.local import LocalStack, LocalStackConfig, broker_answers, find_free_port, port_is_free
 from pyflink_aisp.local._procs import is_alive
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("java") is None, reason="needs Java 17"),
-]
+pytestmark = pytest.mark.integration
 
 
 def _free_ports(n):
