@@ -193,7 +193,11 @@ def _manifest(
         "build_seconds": round(build_seconds, 3),
         "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "tools": {
-            name: importlib.metadata.version(name)
-            for name in ("onnx", "onnxruntime", "scikit-learn", "tokenizers", "numpy")
+            # onnxruntime by module: its distribution is onnxruntime or onnxruntime-gpu
+            "onnxruntime": ort.__version__,
+            **{
+                name: importlib.metadata.version(name)
+                for name in ("onnx", "scikit-learn", "tokenizers", "numpy")
+            },
         },
     }
