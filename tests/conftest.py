@@ -38,6 +38,24 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> str:
     broker.stop()
 
 
+def free_stack_config(state_dir: Path, *, with_flink: bool = True):
+    """A LocalStackConfig in ``state_dir`` on four distinct free loopback ports."""
+    from pyflink_aisp.local import LocalStackConfig, find_free_port
+
+    ports: set[int] = set()
+    while len(ports) < 4:
+        ports.add(find_free_port())
+    kafka, controller, rest, rpc = sorted(ports)
+    return LocalStackConfig(state_dir=state_dir, kafka_port=kafka, kafka_controller_port=controller,
+                            flink_rest_port=rest, flink_rpc_port=rpc, with_flink=with_flink)
+
+
+@pytest.fixture(scope="session")
+def stack_config():
+    """:func:`free_stack_config` as a fixture (test modules cannot import conftest)."""
+    return free_stack_config
+
+
 _counter = itertools.count()
 
 

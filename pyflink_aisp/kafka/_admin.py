@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from concurrent.futures import Future
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -39,12 +40,8 @@ def create_topics(
     """
     new = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics]
     admin = _admin(bootstrap_servers)  # keep a reference: the futures die with the client
-    for topic, fut in admin.create_topics(new, operation_timeout=timeout_s).items():
-        try:
-            fut.result(timeout=timeout_s)
-        except KafkaException as exc:
-            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-                raise KafkaError(f"cannot create topic {topic}: {exc}") from exc
+    _await_all(admin.create_topics(new, operation_timeout=timeout_s), "create",
+               ignore="TOPIC_ALREADY_EXISTS", timeout_s=timeout_s)
 
 
 def delete_topics(bootstrap_servers: str, topics: Iterable[str], timeout_s: float = 30.0) -> None:
@@ -57,12 +54,18 @@ def delete_topics(bootstrap_servers: str, topics: Iterable[str], timeout_s: floa
     if not names:
         return
     admin = _admin(bootstrap_servers)  # keep a reference: the futures die with the client
-    for topic, fut in admin.delete_topics(names, operation_timeout=timeout_s).items():
+    _await_all(admin.delete_topics(names, operation_timeout=timeout_s), "delete",
+               ignore="UNKNOWN_TOPIC_OR_PART", timeout_s=timeout_s)
+
+
+def _await_all(futures: dict[str, Future[None]], action: str, *, ignore: str, timeout_s: float) -> None:
+    """Wait for per-topic admin futures; an error named ``ignore`` is not one."""
+    for topic, fut in futures.items():
         try:
             fut.result(timeout=timeout_s)
         except KafkaException as exc:
-            if exc.args[0].name() != "UNKNOWN_TOPIC_OR_PART":
-                raise KafkaError(f"cannot delete topic {topic}: {exc}") from exc
+            if exc.args[0].name() != ignore:
+                raise KafkaError(f"cannot {action} topic {topic}: {exc}") from exc
 
 
 def read_topic(

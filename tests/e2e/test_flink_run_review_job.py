@@ -9,7 +9,7 @@ import pytest
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.inference import OnnxSentimentModel
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
-from pyflink_aisp.local import LocalStack, LocalStackConfig, find_free_port
+from pyflink_aisp.local import LocalStack
 
 pytestmark = pytest.mark.e2e
 
@@ -18,15 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(find_free_port())
-    kafka, controller, rest, rpc = sorted(ports)
-    stack = LocalStack(LocalStackConfig(
-        state_dir=tmp_path_factory.mktemp("e2e"), kafka_port=kafka, kafka_controller_port=controller,
-        flink_rest_port=rest, flink_rpc_port=rpc,
-    ))
+def stack(tmp_path_factory, stack_config):
+    stack = LocalStack(stack_config(tmp_path_factory.mktemp("e2e")))
     stack.up()
     yield stack
     stack.down()

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from pyflink_aisp.local import LocalStack, LocalStackConfig, find_free_port, flink_overview, port_is_free
+from pyflink_aisp.local import LocalStack, flink_overview, port_is_free
 from pyflink_aisp.local._procs import is_alive
 
 pytestmark = pytest.mark.integration
@@ -28,20 +28,8 @@ JOB = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(find_free_port())
-    kafka, controller, rest, rpc = sorted(ports)
-    stack = LocalStack(
-        LocalStackConfig(
-            state_dir=tmp_path_factory.mktemp("local"),
-            kafka_port=kafka,
-            kafka_controller_port=controller,
-            flink_rest_port=rest,
-            flink_rpc_port=rpc,
-        )
-    )
+def stack(tmp_path_factory, stack_config):
+    stack = LocalStack(stack_config(tmp_path_factory.mktemp("local")))
     yield stack
     stack.down()
 

@@ -9,31 +9,15 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from pyflink_aisp.local import LocalStack, LocalStackConfig, broker_answers, find_free_port, port_is_free
+from pyflink_aisp.local import LocalStack, broker_answers, port_is_free
 from pyflink_aisp.local._procs import is_alive
 
 pytestmark = pytest.mark.integration
 
 
-def _free_ports(n):
-    ports: set[int] = set()
-    while len(ports) < n:
-        ports.add(find_free_port())
-    return list(ports)
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    kafka, controller, rest, rpc = _free_ports(4)
-    config = LocalStackConfig(
-        state_dir=tmp_path_factory.mktemp("local"),
-        kafka_port=kafka,
-        kafka_controller_port=controller,
-        flink_rest_port=rest,
-        flink_rpc_port=rpc,
-        with_flink=False,
-    )
-    stack = LocalStack(config)
+def stack(tmp_path_factory, stack_config):
+    stack = LocalStack(stack_config(tmp_path_factory.mktemp("local"), with_flink=False))
     yield stack
     stack.down()
 
