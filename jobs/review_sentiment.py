@@ -17,8 +17,14 @@ or on a cluster::
     flink run -pyexec $(which python) -py jobs/review_sentiment.py --input-topic ...
 
 ``--mode streaming`` (default) reads without end, with checkpoints every
-``--checkpoint-interval-ms`` and transactions committed on each checkpoint;
-``--mode batch`` bounds the source at the latest offsets at start, so the run ends.
+``--checkpoint-interval-ms`` and transactions committed on each checkpoint; it
+starts from the consumer group's committed offsets (earliest for a new group).
+Stop it with ``flink stop`` (a savepoint: open transactions commit) and resume
+with ``flink run -s <savepoint>``; a cancelled job leaves its open transaction
+to time out (``transaction.timeout.ms``, 10 min), holding read_committed
+consumers back until then. ``--mode batch`` reads from the earliest offset (or
+``--startup-mode``) to the latest offsets at start, so the run ends.
+The job creates its output and DLQ topics if they do not exist.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +47,7 @@ from pyflink.datastream import (
 from pyflink.table import StreamTableEnvironment, TableResult
 
 from pyflink_aisp.inference import BatchedInferenceFunction, BatchingConfig, SentimentHandler
-from pyflink_aisp.kafka import KafkaSinkTable, KafkaSourceTable
+from pyflink_aisp.kafka import KafkaSinkTable, KafkaSourceTable, StartupMode, create_topics
 from pyflink_aisp.kafka.flink import DECODED_TYPE, DLQ_TAG, KEY_VALUE_TYPE, DecodeFunction
 
 
@@ -54,6 +61,7 @@ class JobConfig:
     dlq_topic: str
     group_id: str
     mode: str
+    startup_mode: StartupMode
     model_dir: Path | None
     with_embedding: bool
     checkpoint_interval_ms: int
@@ -67,6 +75,9 @@ class JobConfig:
     jars: str | None
 
 
+_DEFAULT_STARTUP = {"batch": "earliest-offset", "streaming": "group-offsets"}
+
+
 def parse_args(argv: list[str] | None = None) -> JobConfig:
     """Command line → :class:`JobConfig`."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -76,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     p.add_argument("--dlq-topic", default=None, help="default: <output-topic>.dlq")
     p.add_argument("--group-id", default=None, help="default: aisp-<input-topic>")
     p.add_argument("--mode", choices=["streaming", "batch"], default="streaming")
+    p.add_argument("--startup-mode", choices=[m.value for m in StartupMode], default=None,
+                   help="default: group-offsets in streaming, earliest-offset in batch")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="built model assets (default: build or reuse the cached ones)")
     p.add_argument("--with-embedding", action="store_true")
@@ -93,7 +106,9 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     return JobConfig(
         bootstrap_servers=a.bootstrap_servers, input_topic=a.input_topic,
         output_topic=a.output_topic, dlq_topic=a.dlq_topic or f"{a.output_topic}.dlq",
-        group_id=a.group_id or f"aisp-{a.input_topic}", mode=a.mode, model_dir=a.model_dir,
+        group_id=a.group_id or f"aisp-{a.input_topic}", mode=a.mode,
+        startup_mode=StartupMode(a.startup_mode or _DEFAULT_STARTUP[a.mode]),
+        model_dir=a.model_dir,
         with_embedding=a.with_embedding, checkpoint_interval_ms=a.checkpoint_interval_ms,
         parallelism=a.parallelism, max_batch_size=a.max_batch_size, max_wait_ms=a.max_wait_ms,
         capacity=a.capacity, timeout_s=a.timeout_s, intra_op_threads=a.intra_op_threads,
@@ -155,10 +170,11 @@ def build_and_run(t_env: StreamTableEnvironment, cfg: JobConfig) -> TableResult:
     assets = load_model_assets(cfg.model_dir) if cfg.model_dir else ensure_model_assets()
     source = KafkaSourceTable(name="reviews_in", topic=cfg.input_topic,
                               bootstrap_servers=cfg.bootstrap_servers, group_id=cfg.group_id,
-                              bounded=cfg.mode == "batch")
+                              bounded=cfg.mode == "batch", startup_mode=cfg.startup_mode)
     sinks = [KafkaSinkTable(name=name, topic=topic, bootstrap_servers=cfg.bootstrap_servers,
                             transactional_id_prefix=f"aisp-{topic}")
              for name, topic in (("scores_out", cfg.output_topic), ("dlq_out", cfg.dlq_topic))]
+    create_topics(cfg.bootstrap_servers, [cfg.output_topic, cfg.dlq_topic])
     for table in (source, *sinks):
         t_env.execute_sql(table.ddl())
     raw = t_env.to_data_stream(t_env.from_path("reviews_in"))
@@ -179,8 +195,14 @@ def build_and_run(t_env: StreamTableEnvironment, cfg: JobConfig) -> TableResult:
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
+    start = time.perf_counter()
     result = build_and_run(make_environment(cfg), cfg)
+    client = result.get_job_client()
+    job_id = client.get_job_id() if client is not None else "?"
+    print(f"review_sentiment: job {job_id} submitted ({cfg.mode}); output {cfg.output_topic}, "
+          f"dead letters {cfg.dlq_topic}", flush=True)
     result.wait()
+    print(f"review_sentiment: job {job_id} finished in {time.perf_counter() - start:.1f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,11 @@ class KafkaSourceTable:
         group_id: Consumer group (offsets are committed to it on checkpoints).
         bounded: Stop at the latest offsets seen at job start (``scan.bounded.mode
             = latest-offset``): the run ends. Required in BATCH mode.
-        startup_mode: Where reading starts.
+        startup_mode: Where reading starts. ``GROUP_OFFSETS`` (the default) resumes
+            from the offsets the group committed on its last completed checkpoint, and
+            starts at the earliest offset for a group without commits
+            (``properties.auto.offset.reset = earliest``). A job restored from a
+            savepoint or checkpoint resumes from the offsets in its state instead.
     """
 
     name: str
@@ -83,7 +87,7 @@ class KafkaSourceTable:
     bootstrap_servers: str
     group_id: str
     bounded: bool = False
-    startup_mode: StartupMode = StartupMode.EARLIEST
+    startup_mode: StartupMode = StartupMode.GROUP_OFFSETS
 
     def __post_init__(self) -> None:
         _check(self.name, self.topic, self.bootstrap_servers)
@@ -101,6 +105,8 @@ class KafkaSourceTable:
             "scan.startup.mode": self.startup_mode.value,
             "format": "raw",
         }
+        if self.startup_mode is StartupMode.GROUP_OFFSETS:
+            options["properties.auto.offset.reset"] = "earliest"
         if self.bounded:
             options["scan.bounded.mode"] = "latest-offset"
         return (

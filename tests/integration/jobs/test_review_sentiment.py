@@ -1,10 +1,11 @@
 """The main job on a real broker and a real PyFlink MiniCluster, in BATCH and STREAMING mode."""
 
 import json
+import time
 
 import numpy as np
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.inference import OnnxSentimentModel
@@ -106,3 +107,45 @@ def test_embedding_flag_adds_the_384_float_embedding(
         assert got.shape == (384,)
         np.testing.assert_allclose(got, e, atol=1e-5)
         assert np.linalg.norm(got) == pytest.approx(1.0, abs=1e-4)
+
+
+def _committed_offset(bootstrap, group, topic):
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        return consumer.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
+    finally:
+        consumer.close()
+
+
+def test_streaming_restart_resumes_from_the_groups_committed_offsets(
+    kafka_bootstrap, topic, model_assets, review_job, reviews
+):
+    t_in, t_out = topic("in"), topic("out")
+    group = f"g-{t_in}"
+    create_topics(kafka_bootstrap, [t_in, t_out])
+    first, second = reviews[:100], reviews[100:150]
+    _produce(kafka_bootstrap, t_in, first)  # 100 reviews + 1 malformed: offsets 0..100
+    cfg = review_job.parse_args([
+        "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
+        "--group-id", group, "--model-dir", str(model_assets.directory), "--checkpoint-interval-ms", "500",
+    ])
+    assert cfg.mode == "streaming" and cfg.startup_mode.value == "group-offsets"
+
+    run = review_job.build_and_run(review_job.make_environment(cfg), cfg)
+    try:
+        assert len(read_topic(kafka_bootstrap, t_out, min_count=100, timeout_s=120, quiet_s=2)) == 100
+        deadline = time.monotonic() + 60
+        while _committed_offset(kafka_bootstrap, group, t_in) != 101 and time.monotonic() < deadline:
+            time.sleep(0.5)  # offsets are committed when a checkpoint completes
+        assert _committed_offset(kafka_bootstrap, group, t_in) == 101
+    finally:
+        run.get_job_client().cancel().result()
+
+    _produce(kafka_bootstrap, t_in, second)
+    run = review_job.build_and_run(review_job.make_environment(cfg), cfg)
+    try:
+        out = read_topic(kafka_bootstrap, t_out, min_count=150, timeout_s=120, quiet_s=4)
+    finally:
+        run.get_job_client().cancel().result()
+    ids = [json.loads(m.value())["id"] for m in out]
+    assert sorted(ids) == sorted(r.id for r in first + second)

@@ -1,7 +1,7 @@
 import pytest
 
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.kafka import DeliveryGuarantee, KafkaSinkTable, KafkaSourceTable
+from pyflink_aisp.kafka import DeliveryGuarantee, KafkaSinkTable, KafkaSourceTable, StartupMode
 
 
 def test_source_ddl_reads_raw_bytes_with_metadata_and_read_committed():
@@ -10,6 +10,15 @@ def test_source_ddl_reads_raw_bytes_with_metadata_and_read_committed():
     assert "'properties.isolation.level' = 'read_committed'" in ddl
     assert "'format' = 'raw'" in ddl
     assert "scan.bounded.mode" not in ddl
+    assert "'scan.startup.mode' = 'group-offsets'" in ddl
+    assert "'properties.auto.offset.reset' = 'earliest'" in ddl
+
+
+def test_earliest_startup_needs_no_reset_policy():
+    ddl = KafkaSourceTable(name="s", topic="t", bootstrap_servers="h:1", group_id="g",
+                           startup_mode=StartupMode.EARLIEST).ddl()
+    assert "'scan.startup.mode' = 'earliest-offset'" in ddl
+    assert "auto.offset.reset" not in ddl
 
 
 def test_bounded_source_stops_at_latest_offsets():
