@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 from pyflink_aisp.errors import AispError
+from pyflink_aisp.local._flink import pyflink_home
 from pyflink_aisp.local._jars import JarKind, ensure_jars
 from pyflink_aisp.local._stack import ENV_VARS, LocalStack, LocalStackConfig
 
@@ -51,7 +53,7 @@ def add_local_commands(subparsers: Any) -> argparse.ArgumentParser:
     local = subparsers.add_parser(
         "local", help="embedded dev stack: Kafka (KRaft) broker + Flink standalone cluster"
     )
-    actions = local.add_subparsers(dest="local_command", metavar="{up,down,status,jars}")
+    actions = local.add_subparsers(dest="local_command", metavar="{up,down,status,jars,flink}")
     actions.required = True
     helps = {
         "up": "start the broker (and Flink) unless running; wait until they answer",
@@ -66,7 +68,33 @@ def add_local_commands(subparsers: Any) -> argparse.ArgumentParser:
         "jars", help="resolve the broker and connector jars into the cache (Maven Central)"
     )
     jars.set_defaults(func=run_jars_command)
+    flink = actions.add_parser(
+        "flink",
+        help="PyFlink's bin/flink aimed at the local cluster: run, list, stop, cancel, savepoint",
+        description="Runs PyFlink's bin/flink with FLINK_CONF_DIR of the local stack, e.g. "
+        "`aisp local flink run -py jobs/review_sentiment.py --input-topic t --output-topic o`, "
+        "`aisp local flink list`, `aisp local flink stop JOB_ID` (stop with a savepoint).",
+    )
+    flink.add_argument("--state-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    flink.add_argument("flink_args", nargs=argparse.REMAINDER, help="arguments of bin/flink")
+    flink.set_defaults(func=run_flink_command)
     return local
+
+
+def run_flink_command(args: argparse.Namespace) -> int:
+    """Run ``bin/flink ARGS`` with the local stack's environment; returns its exit code."""
+    try:
+        stack = LocalStack(LocalStackConfig.from_env(state_dir=args.state_dir))
+        running = stack.status().flink.running
+        env = stack.flink_env()
+    except AispError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not running:
+        print("error: the local Flink cluster is not running: start it with `aisp local up`",
+              file=sys.stderr)
+        return 1
+    return subprocess.call([str(pyflink_home() / "bin" / "flink"), *args.flink_args], env=env)
 
 
 def run_jars_command(args: argparse.Namespace, out: TextIO | None = None) -> int:

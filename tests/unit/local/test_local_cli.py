@@ -68,3 +68,14 @@ def test_env_var_port(tmp_path, monkeypatch):
     out = io.StringIO()
     args.func(args, out)
     assert out.getvalue().splitlines()[0] == "kafka: stopped"
+
+
+def test_flink_passes_the_rest_of_the_line_to_bin_flink(tmp_path):
+    args = _parse("flink", "--state-dir", str(tmp_path), "run", "-py", "job.py", "--mode", "batch")
+    assert args.flink_args == ["run", "-py", "job.py", "--mode", "batch"]
+
+
+def test_flink_without_a_running_cluster_says_to_start_it(tmp_path, capsys):
+    args = _parse("flink", "--state-dir", str(tmp_path), "list")
+    assert args.func(args) == 1
+    assert "aisp local up" in capsys.readouterr().err
