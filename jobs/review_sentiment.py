@@ -46,8 +46,16 @@ from pyflink.datastream import (
 )
 from pyflink.table import StreamTableEnvironment, TableResult
 
+from pyflink_aisp.errors import AispError, ConfigError, KafkaError
 from pyflink_aisp.inference import BatchedInferenceFunction, BatchingConfig, SentimentHandler
-from pyflink_aisp.kafka import KafkaSinkTable, KafkaSourceTable, StartupMode, create_topics
+from pyflink_aisp.kafka import (
+    KafkaSinkTable,
+    KafkaSourceTable,
+    StartupMode,
+    create_topics,
+    default_bootstrap_servers,
+    list_topics,
+)
 from pyflink_aisp.kafka.flink import DECODED_TYPE, DLQ_TAG, KEY_VALUE_TYPE, DecodeFunction
 
 
@@ -72,7 +80,15 @@ class JobConfig:
     timeout_s: int
     intra_op_threads: int
     bundle_time_ms: int
+    transactional_id_prefix: str
     jars: str | None
+
+    def __post_init__(self) -> None:
+        for name in ("capacity", "timeout_s", "bundle_time_ms", "checkpoint_interval_ms", "parallelism"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.intra_op_threads < 0:
+            raise ConfigError(f"--intra-op-threads must be >= 0, got {self.intra_op_threads}")
 
 
 _DEFAULT_STARTUP = {"batch": "earliest-offset", "streaming": "group-offsets"}
@@ -81,7 +97,8 @@ _DEFAULT_STARTUP = {"batch": "earliest-offset", "streaming": "group-offsets"}
 def parse_args(argv: list[str] | None = None) -> JobConfig:
     """Command line → :class:`JobConfig`."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    p.add_argument("--bootstrap-servers", default=None,
+                   help="default: $AISP_KAFKA_BOOTSTRAP, else 127.0.0.1:$AISP_KAFKA_PORT (9092)")
     p.add_argument("--input-topic", required=True)
     p.add_argument("--output-topic", required=True)
     p.add_argument("--dlq-topic", default=None, help="default: <output-topic>.dlq")
@@ -101,18 +118,24 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     p.add_argument("--intra-op-threads", type=int, default=0, help="ONNX Runtime threads (0: cores)")
     p.add_argument("--bundle-time-ms", type=int, default=50,
                    help="python.fn-execution.bundle.time: longest a result waits in the worker")
+    p.add_argument("--transactional-id-prefix", default=None,
+                   help="Kafka transactional ids of the sinks; unique per job, stable across its "
+                        "restarts (default: the group id)")
     p.add_argument("--jars", default=None, help="pipeline.jars (default: the cached Kafka connector)")
     a = p.parse_args(argv)
+    group_id = a.group_id or f"aisp-{a.input_topic}"
     return JobConfig(
-        bootstrap_servers=a.bootstrap_servers, input_topic=a.input_topic,
+        bootstrap_servers=a.bootstrap_servers or default_bootstrap_servers(), input_topic=a.input_topic,
         output_topic=a.output_topic, dlq_topic=a.dlq_topic or f"{a.output_topic}.dlq",
-        group_id=a.group_id or f"aisp-{a.input_topic}", mode=a.mode,
+        group_id=group_id, mode=a.mode,
         startup_mode=StartupMode(a.startup_mode or _DEFAULT_STARTUP[a.mode]),
         model_dir=a.model_dir,
         with_embedding=a.with_embedding, checkpoint_interval_ms=a.checkpoint_interval_ms,
         parallelism=a.parallelism, max_batch_size=a.max_batch_size, max_wait_ms=a.max_wait_ms,
         capacity=a.capacity, timeout_s=a.timeout_s, intra_op_threads=a.intra_op_threads,
-        bundle_time_ms=a.bundle_time_ms, jars=a.jars,
+        bundle_time_ms=a.bundle_time_ms,
+        transactional_id_prefix=a.transactional_id_prefix or group_id,
+        jars=a.jars,
     )
 
 
@@ -172,8 +195,11 @@ def build_and_run(t_env: StreamTableEnvironment, cfg: JobConfig) -> TableResult:
                               bootstrap_servers=cfg.bootstrap_servers, group_id=cfg.group_id,
                               bounded=cfg.mode == "batch", startup_mode=cfg.startup_mode)
     sinks = [KafkaSinkTable(name=name, topic=topic, bootstrap_servers=cfg.bootstrap_servers,
-                            transactional_id_prefix=f"aisp-{topic}")
-             for name, topic in (("scores_out", cfg.output_topic), ("dlq_out", cfg.dlq_topic))]
+                            transactional_id_prefix=f"{cfg.transactional_id_prefix}-{kind}")
+             for name, topic, kind in (("scores_out", cfg.output_topic, "scores"),
+                                       ("dlq_out", cfg.dlq_topic, "dlq"))]
+    if cfg.input_topic not in list_topics(cfg.bootstrap_servers):
+        raise KafkaError(f"input topic {cfg.input_topic} does not exist on {cfg.bootstrap_servers}")
     create_topics(cfg.bootstrap_servers, [cfg.output_topic, cfg.dlq_topic])
     for table in (source, *sinks):
         t_env.execute_sql(table.ddl())
@@ -193,17 +219,26 @@ def build_and_run(t_env: StreamTableEnvironment, cfg: JobConfig) -> TableResult:
     return statements.execute()
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg = parse_args(argv)
-    start = time.perf_counter()
-    result = build_and_run(make_environment(cfg), cfg)
+def main(argv: list[str] | None = None) -> int:
+    """Run the job; returns the exit status (1 on a pyflink-aisp error, printed in one line)."""
+    try:
+        cfg = parse_args(argv)
+        start = time.perf_counter()
+        t_env = make_environment(cfg)
+        result = build_and_run(t_env, cfg)
+    except AispError as exc:
+        print(f"review_sentiment: error: {exc}", file=sys.stderr)
+        return 1
     client = result.get_job_client()
     job_id = client.get_job_id() if client is not None else "?"
     print(f"review_sentiment: job {job_id} submitted ({cfg.mode}); output {cfg.output_topic}, "
           f"dead letters {cfg.dlq_topic}", flush=True)
+    if t_env.get_config().get("execution.attached", "true") == "false":
+        return 0  # `flink run -d`: the job runs on; stop it with `flink stop`
     result.wait()
     print(f"review_sentiment: job {job_id} finished in {time.perf_counter() - start:.1f} s", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -115,7 +115,7 @@ def _score(bootstrap: str, topics: tuple[str, str, str], truth: dict[str, int]) 
     dlq = read_topic(bootstrap, topics[2], timeout_s=10)
     predicted = {}
     for msg in out:
-        doc = json.loads(msg.value())
+        doc = json.loads(msg.value() or b"{}")
         predicted[doc["id"]] = 1 if doc["label"] == "fresh" else 0
     held = [rid for rid in predicted if rid in truth and is_heldout(rid)]
     correct = sum(predicted[rid] == truth[rid] for rid in held)

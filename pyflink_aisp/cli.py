@@ -25,18 +25,26 @@ def _cmd_model_build(args: argparse.Namespace) -> int:
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from pyflink_aisp.datasets import load_rotten_tomatoes
-    from pyflink_aisp.kafka import create_topics, ingest_records
+    from pyflink_aisp.kafka import create_topics, default_bootstrap_servers, ingest_records
 
+    bootstrap = args.bootstrap_servers or default_bootstrap_servers()
     reviews = load_rotten_tomatoes()[: args.limit]
-    create_topics(args.bootstrap_servers, [args.topic], partitions=args.partitions)
+    create_topics(bootstrap, [args.topic], partitions=args.partitions)
     names = {1: "fresh", 0: "rotten"}
     records = ({"id": r.id, "text": r.text, "label": names[r.label]} for r in reviews)
-    result = ingest_records(args.bootstrap_servers, args.topic, records, total=len(reviews),
+    result = ingest_records(bootstrap, args.topic, records, total=len(reviews),
                             progress=not args.no_progress)
     print(f"delivered {result.delivered} failed {result.failed} topic {result.topic}")
     if result.first_error:
         print(f"first error: {result.first_error}", file=sys.stderr)
     return 0 if result.failed == 0 else 1
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -61,9 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(func=_cmd_model_build)
 
     ingest = sub.add_parser("ingest", help="write the Rotten Tomatoes reviews to a Kafka topic as JSON")
-    ingest.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    ingest.add_argument("--bootstrap-servers", default=None,
+                        help="default: $AISP_KAFKA_BOOTSTRAP, else 127.0.0.1:$AISP_KAFKA_PORT (9092)")
     ingest.add_argument("--topic", required=True)
-    ingest.add_argument("--limit", type=int, default=None, help="first N reviews only")
+    ingest.add_argument("--limit", type=_non_negative, default=None, help="first N reviews only")
     ingest.add_argument("--partitions", type=int, default=1, help="partitions if the topic is created")
     ingest.add_argument("--no-progress", action="store_true")
     ingest.set_defaults(func=_cmd_ingest)

@@ -59,12 +59,12 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         load_ms = (time.perf_counter() - start) * 1000.0
         self._version = self._handler.model_version()
         self._batcher = MicroBatcher(self._run_batch, self._batching)
+        self._last_batch = 0
         group = runtime_context.get_metrics_group().add_group("aisp")
         self._batches = group.counter("batches")
         self._records = group.counter("recordsInferred")
         group.gauge("lastBatchSize", lambda: self._last_batch)
         group.gauge("modelLoadTimeMs", lambda: int(load_ms))
-        self._last_batch = 0
 
     def _run_batch(self, examples: list[Any]) -> Sequence[Any]:
         out = self._handler.run_inference(examples, self._model)

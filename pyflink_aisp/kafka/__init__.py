@@ -7,7 +7,13 @@ The PyFlink-dependent pieces (:class:`DecodeFunction`, :data:`DLQ_TAG`) live in
 
 from __future__ import annotations
 
-from pyflink_aisp.kafka._admin import create_topics, delete_topics, list_topics, read_topic
+from pyflink_aisp.kafka._admin import (
+    create_topics,
+    default_bootstrap_servers,
+    delete_topics,
+    list_topics,
+    read_topic,
+)
 from pyflink_aisp.kafka._decode import (
     DeadLetter,
     DecodedRecord,
@@ -35,6 +41,7 @@ __all__ = [
     "StartupMode",
     "create_topics",
     "decode_review",
+    "default_bootstrap_servers",
     "delete_topics",
     "ingest_records",
     "list_topics",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future
@@ -11,23 +12,34 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from pyflink_aisp.errors import KafkaError
 
-__all__ = ["create_topics", "delete_topics", "list_topics", "read_topic"]
+__all__ = ["create_topics", "default_bootstrap_servers", "delete_topics", "list_topics", "read_topic"]
+
+
+def default_bootstrap_servers() -> str:
+    """``$AISP_KAFKA_BOOTSTRAP``, else the local stack's broker: ``127.0.0.1:$AISP_KAFKA_PORT``
+    (9092 when unset), the same variable ``aisp local up`` reads."""
+    explicit = os.environ.get("AISP_KAFKA_BOOTSTRAP")
+    return explicit or f"127.0.0.1:{os.environ.get('AISP_KAFKA_PORT', '9092')}"
 
 
 def _admin(bootstrap_servers: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap_servers})
+    # log_level 2: connection errors become our one KafkaError, not a screen of librdkafka lines
+    return AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 2})
 
 
 def list_topics(bootstrap_servers: str, timeout_s: float = 10.0) -> set[str]:
-    """Names of the topics on the cluster.
+    """Names of the topics on the cluster (also the check that a broker answers).
 
     Raises:
-        KafkaError: the cluster did not answer within ``timeout_s``.
+        KafkaError: no broker answered within ``timeout_s``.
     """
     try:
         return set(_admin(bootstrap_servers).list_topics(timeout=timeout_s).topics)
     except KafkaException as exc:
-        raise KafkaError(f"no metadata from {bootstrap_servers}: {exc}") from exc
+        raise KafkaError(
+            f"no Kafka broker answered at {bootstrap_servers} within {timeout_s:.0f} s ({exc}); "
+            "start one with `aisp local up` or pass --bootstrap-servers"
+        ) from exc
 
 
 def create_topics(
@@ -36,8 +48,9 @@ def create_topics(
     """Create topics (replication factor 1) and wait until each exists; existing ones are kept.
 
     Raises:
-        KafkaError: creation failed for a reason other than "already exists".
+        KafkaError: no broker answered, or creation failed for a reason other than "already exists".
     """
+    list_topics(bootstrap_servers, timeout_s=min(timeout_s, 10.0))
     new = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics]
     admin = _admin(bootstrap_servers)  # keep a reference: the futures die with the client
     _await_all(admin.create_topics(new, operation_timeout=timeout_s), "create",

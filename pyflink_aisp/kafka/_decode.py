@@ -16,7 +16,14 @@ from typing import Any
 
 from pyflink_aisp.errors import DecodeError
 
-__all__ = ["DeadLetter", "DecodeReason", "DecodedRecord", "KafkaCoordinates", "decode_review"]
+__all__ = [
+    "MAX_DEAD_LETTER_VALUE_BYTES",
+    "DeadLetter",
+    "DecodeReason",
+    "DecodedRecord",
+    "KafkaCoordinates",
+    "decode_review",
+]
 
 
 class DecodeReason(StrEnum):
@@ -28,7 +35,14 @@ class DecodeReason(StrEnum):
     NOT_AN_OBJECT = "not_an_object"
     MISSING_TEXT = "missing_text"
     TEXT_NOT_STRING = "text_not_string"
+    INVALID_UNICODE = "invalid_unicode"
     BAD_ID = "bad_id"
+    DECODE_ERROR = "decode_error"
+
+
+#: Most raw value bytes a dead letter carries (base64 grows them by 4/3): keeps a
+#: DLQ record under the producer's default ``max.request.size`` of 1 MiB.
+MAX_DEAD_LETTER_VALUE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,20 +83,22 @@ class DeadLetter:
     value: bytes | None
 
     def to_json(self) -> str:
-        """The DLQ record value: JSON with reason, detail, topic, partition, offset and
-        ``value_base64`` (the raw bytes, base64; null for a null value)."""
-        raw = None if self.value is None else base64.b64encode(self.value).decode("ascii")
-        return json.dumps(
-            {
-                "reason": self.reason.value,
-                "detail": self.detail,
-                "topic": self.source.topic,
-                "partition": self.source.partition,
-                "offset": self.source.offset,
-                "value_base64": raw,
-            },
-            ensure_ascii=False,
-        )
+        """The DLQ record value: ASCII JSON with ``reason``, ``detail``, ``topic``,
+        ``partition``, ``offset``, ``value_base64`` (the raw bytes, base64, at most
+        :data:`MAX_DEAD_LETTER_VALUE_BYTES` of them; null for a null value),
+        ``value_size_bytes`` and ``value_truncated``."""
+        value = self.value
+        kept = None if value is None else value[:MAX_DEAD_LETTER_VALUE_BYTES]
+        return json.dumps({
+            "reason": self.reason.value,
+            "detail": self.detail[:1000],
+            "topic": self.source.topic,
+            "partition": self.source.partition,
+            "offset": self.source.offset,
+            "value_base64": None if kept is None else base64.b64encode(kept).decode("ascii"),
+            "value_size_bytes": None if value is None else len(value),
+            "value_truncated": value is not None and len(value) > MAX_DEAD_LETTER_VALUE_BYTES,
+        })
 
 
 def _parse(value: bytes | None) -> dict[str, Any]:
@@ -97,13 +113,23 @@ def _parse(value: bytes | None) -> dict[str, Any]:
         ) from exc
     try:
         obj = json.loads(decoded)
-    except json.JSONDecodeError as exc:
-        raise DecodeError(DecodeReason.INVALID_JSON.value, str(exc)) from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, int digit limit, deep nesting
+        raise DecodeError(DecodeReason.INVALID_JSON.value, f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, dict):
         raise DecodeError(
             DecodeReason.NOT_AN_OBJECT.value, f"JSON value is {type(obj).__name__}, not an object"
         )
     return obj
+
+
+def _check_encodable(field: str, text: str) -> None:
+    """JSON ``\\ud800`` escapes decode to lone surrogates, which no UTF-8 coder downstream accepts."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DecodeError(
+            DecodeReason.INVALID_UNICODE.value, f"'{field}' char {exc.start}: {exc.reason}"
+        ) from exc
 
 
 def decode_review(value: bytes | None, source: KafkaCoordinates) -> DecodedRecord | DeadLetter:
@@ -131,6 +157,8 @@ def decode_review(value: bytes | None, source: KafkaCoordinates) -> DecodedRecor
             rid = source.default_id()
         elif isinstance(rid, bool) or not isinstance(rid, (str, int)):
             raise DecodeError(DecodeReason.BAD_ID.value, f"'id' is {type(rid).__name__}")
+        _check_encodable("text", text)
+        _check_encodable("id", str(rid))
         return DecodedRecord(id=str(rid), text=text, label=obj.get("label"))
     except DecodeError as exc:
         return DeadLetter(

@@ -8,7 +8,7 @@ from typing import Any
 from pyflink.common import Row, Types
 from pyflink.datastream import OutputTag, ProcessFunction
 
-from pyflink_aisp.kafka._decode import DeadLetter, KafkaCoordinates, decode_review
+from pyflink_aisp.kafka._decode import DeadLetter, DecodeReason, KafkaCoordinates, decode_review
 
 __all__ = ["DECODED_TYPE", "DLQ_TAG", "KEY_VALUE_TYPE", "DecodeFunction"]
 
@@ -33,7 +33,12 @@ class DecodeFunction(ProcessFunction):
 
     def process_element(self, value: Row, ctx: ProcessFunction.Context) -> Iterator[Any]:
         source = KafkaCoordinates(topic=value[1], partition=value[2], offset=value[3])
-        result = decode_review(value[0], source)
+        try:
+            result = decode_review(value[0], source)
+        except Exception as exc:  # a bug or an input nobody foresaw: a dead letter, not a restart
+            raw = None if value[0] is None else bytes(value[0])
+            result = DeadLetter(reason=DecodeReason.DECODE_ERROR,
+                                detail=f"{type(exc).__name__}: {exc}", source=source, value=raw)
         if isinstance(result, DeadLetter):
             self._dead.inc()
             yield DLQ_TAG, Row(key=source.default_id(), value=result.to_json())

@@ -1,6 +1,7 @@
 """The packaged job submitted with `flink run -py` to the local standalone cluster."""
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -48,3 +49,29 @@ def test_flink_run_batch_job_scores_all_reviews(stack, model_assets):
     for d in docs:
         assert d["score"] == pytest.approx(expected[d["id"]], abs=1e-5)
     assert read_topic(bootstrap, t_dlq, timeout_s=5) == []
+
+
+def test_detached_streaming_job_stops_with_a_savepoint_and_commits(stack, model_assets):
+    bootstrap = str(stack.status().bootstrap_servers)
+    t_in, t_out = "e2e-stream-reviews", "e2e-stream-scores"
+    create_topics(bootstrap, [t_in, t_out])
+    reviews = load_rotten_tomatoes()[:N]
+    records = [{"id": r.id, "text": r.text} for r in reviews]
+    assert ingest_records(bootstrap, t_in, records, progress=False).delivered == N
+    cmd = stack.flink_run_command(
+        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap,
+        "--input-topic", t_in, "--output-topic", t_out, "--model-dir", str(model_assets.directory),
+        "--checkpoint-interval-ms", "1000",
+    )
+    cmd.insert(cmd.index("run") + 1, "-d")
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job_id = re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
+
+    assert len(read_topic(bootstrap, t_out, min_count=N, timeout_s=180, quiet_s=3)) == N
+    stop = subprocess.run([cmd[0], "stop", job_id], env=stack.flink_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert stop.returncode == 0 and "Savepoint completed" in stop.stdout, stop.stdout + stop.stderr
+    # Stopped with a savepoint, no transaction stays open: read_committed reads to the end at once.
+    out = read_topic(bootstrap, t_out, timeout_s=30)
+    assert sorted(json.loads(m.value())["id"] for m in out) == sorted(r.id for r in reviews)

@@ -20,6 +20,11 @@ MALFORMED = [
     (b'\xff\xfe{"id": "x", "text": "y"}', "invalid_utf8"),
     (None, "null_value"),
     (b"{}", "missing_text"),
+    (b'{"text": "x", "a": ' + b"[" * 5000 + b"]" * 5000 + b"}", "invalid_json"),  # RecursionError
+    (b'{"id": ' + b"1" * 5000 + b', "text": "x"}', "invalid_json"),  # int digit limit
+    (b'{"id": "s", "text": "a\\ud800b"}', "invalid_unicode"),  # lone surrogate
+    (b'{"id": "\\udfff", "text": "ok"}', "invalid_unicode"),
+    (b"\xff" + b"x" * 900_000, "invalid_utf8"),  # its dead letter must fit a Kafka record
 ]
 
 
@@ -35,14 +40,15 @@ def expected_scores(reviews, model_assets):
 
 
 def _produce(bootstrap, topic, reviews):
-    """Good reviews with a malformed record after every 100th; returns the malformed offsets."""
+    """Good reviews with the next malformed record after every 50th (from the 25th);
+    returns the malformed records' offsets and reasons."""
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     offsets, offset = {}, 0
     for i, r in enumerate(reviews):
         producer.produce(topic, key=r.id, value=json.dumps({"id": r.id, "text": r.text, "label": r.label}))
         offset += 1
-        if i % 100 == 50:
-            value, reason = MALFORMED[i // 100]
+        if i % 50 == 25:
+            value, reason = MALFORMED[i // 50]
             producer.produce(topic, value=value)
             offsets[offset] = reason
             offset += 1
@@ -85,6 +91,7 @@ def test_scores_every_review_once_and_dead_letters_bad_records(
     letters = [json.loads(m.value()) for m in dlq]
     assert {d["offset"]: d["reason"] for d in letters} == bad_offsets
     assert all(d["topic"] == t_in and d["partition"] == 0 for d in letters)
+    assert [d["value_truncated"] for d in letters].count(True) == 1
 
 
 def test_embedding_flag_adds_the_384_float_embedding(
@@ -124,7 +131,7 @@ def test_streaming_restart_resumes_from_the_groups_committed_offsets(
     group = f"g-{t_in}"
     create_topics(kafka_bootstrap, [t_in, t_out])
     first, second = reviews[:100], reviews[100:150]
-    _produce(kafka_bootstrap, t_in, first)  # 100 reviews + 1 malformed: offsets 0..100
+    _produce(kafka_bootstrap, t_in, first)  # 100 reviews + 2 malformed: offsets 0..101
     cfg = review_job.parse_args([
         "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
         "--group-id", group, "--model-dir", str(model_assets.directory), "--checkpoint-interval-ms", "500",
@@ -135,9 +142,9 @@ def test_streaming_restart_resumes_from_the_groups_committed_offsets(
     try:
         assert len(read_topic(kafka_bootstrap, t_out, min_count=100, timeout_s=120, quiet_s=2)) == 100
         deadline = time.monotonic() + 60
-        while _committed_offset(kafka_bootstrap, group, t_in) != 101 and time.monotonic() < deadline:
+        while _committed_offset(kafka_bootstrap, group, t_in) != 102 and time.monotonic() < deadline:
             time.sleep(0.5)  # offsets are committed when a checkpoint completes
-        assert _committed_offset(kafka_bootstrap, group, t_in) == 101
+        assert _committed_offset(kafka_bootstrap, group, t_in) == 102
     finally:
         run.get_job_client().cancel().result()
 

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from pyflink_aisp.kafka import DeadLetter, DecodedRecord, DecodeReason, KafkaCoordinates, decode_review
+from pyflink_aisp.kafka._decode import MAX_DEAD_LETTER_VALUE_BYTES
 
 SRC = KafkaCoordinates(topic="reviews", partition=2, offset=41)
 
@@ -41,6 +42,10 @@ def test_non_ascii_text_survives():
         (b'{"id": "a", "text": 5}', DecodeReason.TEXT_NOT_STRING),
         (b'{"id": ["a"], "text": "t"}', DecodeReason.BAD_ID),
         (b'{"id": true, "text": "t"}', DecodeReason.BAD_ID),
+        (b'{"text": "x", "a": ' + b"[" * 5000 + b"]" * 5000 + b"}", DecodeReason.INVALID_JSON),
+        (b'{"id": ' + b"1" * 5000 + b', "text": "x"}', DecodeReason.INVALID_JSON),
+        (b'{"id": "s", "text": "a\\ud800b"}', DecodeReason.INVALID_UNICODE),
+        (b'{"id": "\\udfff", "text": "ok"}', DecodeReason.INVALID_UNICODE),
     ],
 )
 def test_bad_records_become_dead_letters_with_reason(value, reason):
@@ -59,3 +64,18 @@ def test_dead_letter_json_keeps_raw_bytes_and_coordinates():
     assert base64.b64decode(doc["value_base64"]) == b"\xff\x00oops"
     assert "byte 0" in doc["detail"]
     assert json.loads(decode_review(None, SRC).to_json())["value_base64"] is None
+
+
+def test_dead_letter_of_a_huge_value_stays_under_one_mebibyte():
+    value = b"\xff" + b"x" * 900_000
+    letter = decode_review(value, SRC)
+    doc = json.loads(letter.to_json())
+    assert len(letter.to_json().encode()) < 1024 * 1024
+    assert doc["value_truncated"] is True and doc["value_size_bytes"] == len(value)
+    assert base64.b64decode(doc["value_base64"]) == value[:MAX_DEAD_LETTER_VALUE_BYTES]
+
+
+def test_dead_letter_json_is_ascii_even_for_odd_details():
+    letter = DeadLetter(reason=DecodeReason.DECODE_ERROR, detail="bad \ud800 thing", source=SRC, value=b"v")
+    assert letter.to_json().isascii()
+    assert json.loads(letter.to_json())["value_truncated"] is False
