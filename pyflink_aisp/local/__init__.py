@@ -15,11 +15,10 @@ the poms in ``connectors/`` and are cached under ``<aisp_home>/jars``
 """
 
 from pyflink_aisp.local._cli import add_local_commands, run_jars_command, run_local_command
-from pyflink_aisp.local._flink import (
-    FlinkCluster,
+from pyflink_aisp.local._flink import FlinkCluster, flink_overview
+from pyflink_aisp.local._flink_config import (
     FlinkClusterConfig,
     flink_env,
-    flink_overview,
     flink_run_command,
     pyflink_home,
     render_flink_config,

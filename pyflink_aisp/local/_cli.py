@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pyflink_aisp.errors import AispError
-from pyflink_aisp.local._flink import pyflink_home
+from pyflink_aisp.local._flink_config import pyflink_home
 from pyflink_aisp.local._jars import JarKind, ensure_jars
 from pyflink_aisp.local._stack import ENV_VARS, LocalStack, LocalStackConfig
 
@@ -91,8 +91,7 @@ def run_flink_command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if not running:
-        print("error: the local Flink cluster is not running: start it with `aisp local up`",
-              file=sys.stderr)
+        print("error: the local Flink cluster is not running: start it with `aisp local up`", file=sys.stderr)
         return 1
     return subprocess.call([str(pyflink_home() / "bin" / "flink"), *args.flink_args], env=env)
 

@@ -1,38 +1,42 @@
 """Flink standalone cluster (one JobManager, one TaskManager) from PyFlink's own ``bin/``.
 
-apache-flink from PyPI ships a full Flink distribution inside the ``pyflink``
-package (``bin/``, ``conf/``, ``lib/``, ``opt/``). Its ``bin/config.sh`` takes
-FLINK_HOME from the script's own folder, so the scripts run as they are; this
-module only points ``FLINK_CONF_DIR``, ``FLINK_LOG_DIR`` and ``FLINK_PID_DIR`` at
-``<state_dir>/flink/{conf,log,pid}`` so nothing is written into site-packages.
-The daemons record their pids in ``flink-aisp-{standalonesession,taskexecutor}.pid``.
+The scripts run with the environment of :func:`flink_env` (conf, log and pid
+dirs under ``<state_dir>/flink``, see ``_flink_config``). The daemons record
+their pids in ``flink-aisp-{standalonesession,taskexecutor}.pid``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
 import shutil
 import subprocess
-import sys
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import yaml
 
-from pyflink_aisp.errors import ConfigError, EnvironmentSetupError, ServiceError
+from pyflink_aisp.errors import EnvironmentSetupError, ServiceError
+from pyflink_aisp.local._flink_config import (
+    IDENT,
+    FlinkClusterConfig,
+    flink_env,
+    flink_run_command,
+    pyflink_home,
+    render_flink_config,
+)
+from pyflink_aisp.local._jars import require_tools
 from pyflink_aisp.local._procs import (
-    LOOPBACK,
+    args_adjacent,
+    find_pids,
     is_alive,
     pid_matches,
     port_is_free,
+    port_taken_error,
     read_pid_file,
     remove_pid_file,
     tail_text,
@@ -40,250 +44,49 @@ from pyflink_aisp.local._procs import (
     wait_until,
 )
 
-__all__ = [
-    "FlinkCluster",
-    "FlinkClusterConfig",
-    "flink_env",
-    "flink_overview",
-    "flink_run_command",
-    "pyflink_home",
-    "render_flink_config",
-]
+__all__ = ["FlinkCluster", "flink_overview"]
 
 _log = logging.getLogger(__name__)
-_IDENT = "aisp"  # FLINK_IDENT_STRING: names the pid and log files
 _DAEMONS = ("standalonesession", "taskexecutor")
+_JM, _TM = _DAEMONS
+_ENTRYPOINTS = {  # main classes of the daemons (find them by command line when pid files are gone)
+    _JM: "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint",
+    _TM: "org.apache.flink.runtime.taskexecutor.TaskManagerRunner",
+}
 _REST_HINT = "choose another with `aisp local up --flink-rest-port N` or AISP_FLINK_REST_PORT=N"
 _RPC_HINT = "choose another with FlinkClusterConfig(rpc_port=N) or AISP_FLINK_RPC_PORT=N"
 
 
-def pyflink_home() -> Path:
-    """The installed ``pyflink`` package folder (the Flink distribution: bin/, conf/, lib/).
+def _daemon_matcher(main_class: str, conf_dir: str) -> Callable[[list[str]], bool]:
+    def match(args: list[str]) -> bool:
+        return main_class in args and args_adjacent(args, "--configDir", conf_dir)
 
-    Raises:
-        EnvironmentSetupError: If apache-flink is not installed or lacks ``bin/flink``.
-    """
-    spec = importlib.util.find_spec("pyflink")
-    if spec is None or not spec.submodule_search_locations:
-        raise EnvironmentSetupError("pyflink not importable: `pip install apache-flink==2.3.0`")
-    home = Path(next(iter(spec.submodule_search_locations)))
-    if not (home / "bin" / "flink").is_file():
-        raise EnvironmentSetupError(f"{home}/bin/flink missing: reinstall apache-flink")
-    return home
+    return match
 
 
-def _positive_int(name: str, value: object, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class FlinkClusterConfig:
-    """Where and how the local Flink standalone cluster runs.
-
-    Attributes:
-        state_dir: Stack state folder; Flink uses ``<state_dir>/flink``.
-        rest_port: REST API / web UI port (``rest.port``); jobs are submitted here.
-        rpc_port: JobManager RPC port (``jobmanager.rpc.port``).
-        task_slots: ``taskmanager.numberOfTaskSlots``.
-        jobmanager_memory_mb: ``jobmanager.memory.process.size``, MiB.
-        taskmanager_memory_mb: ``taskmanager.memory.process.size``, MiB.
-        managed_memory_mb: ``taskmanager.memory.managed.size``, MiB. Python
-            operators reserve their worker memory from managed memory (consumer
-            weight PYTHON), shared by the slots; 512 MiB leaves 128 MiB per slot.
-        python_executable: Python of the UDF workers and the job client
-            (``python.executable``, ``python.client.executable``); default: this
-            interpreter, so workers see the same venv.
-        extra_config: More ``config.yaml`` entries (flat keys), applied last.
-        start_timeout_s: How long ``start`` waits for a registered TaskManager.
-        stop_timeout_s: Grace period after SIGTERM before SIGKILL, seconds.
-
-    Raises:
-        ConfigError: Invalid port, memory sizes that cannot hold the managed
-            memory, or non-positive values.
-    """
-
-    state_dir: Path
-    rest_port: int = 8081
-    rpc_port: int = 6123
-    task_slots: int = 4
-    jobmanager_memory_mb: int = 1024
-    taskmanager_memory_mb: int = 3072
-    managed_memory_mb: int = 512
-    python_executable: str = field(default_factory=lambda: sys.executable)
-    extra_config: Mapping[str, str] = field(default_factory=dict)
-    start_timeout_s: float = 90.0
-    stop_timeout_s: float = 20.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "state_dir", Path(self.state_dir).expanduser().absolute())
-        object.__setattr__(self, "extra_config", MappingProxyType(dict(self.extra_config)))
-        for name in ("rest_port", "rpc_port"):
-            _positive_int(name, getattr(self, name))
-            if getattr(self, name) > 65535:
-                raise ConfigError(f"{name} must be <= 65535, got {getattr(self, name)}")
-        if self.rest_port == self.rpc_port:
-            raise ConfigError(f"rest_port and rpc_port must differ (both {self.rest_port})")
-        _positive_int("task_slots", self.task_slots)
-        _positive_int("jobmanager_memory_mb", self.jobmanager_memory_mb, 768)
-        _positive_int("taskmanager_memory_mb", self.taskmanager_memory_mb, 1024)
-        _positive_int("managed_memory_mb", self.managed_memory_mb, 0)
-        if self.managed_memory_mb > self.taskmanager_memory_mb // 2:
-            raise ConfigError(
-                f"managed_memory_mb ({self.managed_memory_mb}) must be at most half of "
-                f"taskmanager_memory_mb ({self.taskmanager_memory_mb})"
-            )
-        if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
-            raise ConfigError("start_timeout_s and stop_timeout_s must be > 0")
-
-    @property
-    def flink_dir(self) -> Path:
-        """``<state_dir>/flink``."""
-        return self.state_dir / "flink"
-
-    @property
-    def conf_dir(self) -> Path:
-        """``FLINK_CONF_DIR``: ``<state_dir>/flink/conf``."""
-        return self.flink_dir / "conf"
-
-    @property
-    def log_dir(self) -> Path:
-        """``FLINK_LOG_DIR``: ``<state_dir>/flink/log``."""
-        return self.flink_dir / "log"
-
-    @property
-    def pid_dir(self) -> Path:
-        """``FLINK_PID_DIR``: ``<state_dir>/flink/pid``."""
-        return self.flink_dir / "pid"
-
-    @property
-    def rest_url(self) -> str:
-        """``http://localhost:<rest_port>``."""
-        return f"http://localhost:{self.rest_port}"
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def render_flink_config(config: FlinkClusterConfig, base: Mapping[str, Any]) -> str:
-    """The cluster's ``config.yaml``: PyFlink's shipped config with our overrides, flat keys.
-
-    Args:
-        config: Cluster settings.
-        base: Parsed ``<pyflink>/conf/config.yaml`` (nested or flat).
-
-    Returns:
-        YAML text with one ``dotted.key: value`` per line.
-    """
-    flat = _flatten(base)
-    checkpoints = (config.flink_dir / "checkpoints").as_uri()
-    flat.update(
-        {
-            "jobmanager.rpc.address": "localhost",
-            "jobmanager.rpc.port": config.rpc_port,
-            "jobmanager.bind-host": "localhost",
-            "taskmanager.bind-host": "localhost",
-            "taskmanager.host": "localhost",
-            "rest.address": "localhost",
-            "rest.bind-address": "localhost",
-            "rest.port": config.rest_port,
-            "taskmanager.numberOfTaskSlots": config.task_slots,
-            "jobmanager.memory.process.size": f"{config.jobmanager_memory_mb}m",
-            "taskmanager.memory.process.size": f"{config.taskmanager_memory_mb}m",
-            "taskmanager.memory.managed.size": f"{config.managed_memory_mb}m",
-            "parallelism.default": 1,
-            "python.executable": config.python_executable,
-            "python.client.executable": config.python_executable,
-            "execution.checkpointing.dir": checkpoints,
-            "execution.checkpointing.savepoint-dir": (config.flink_dir / "savepoints").as_uri(),
-            "env.log.dir": str(config.log_dir),
-            "env.pid.dir": str(config.pid_dir),
-        }
-    )
-    flat.update(config.extra_config)
-    header = "# Written by pyflink_aisp.local from pyflink/conf/config.yaml; rewritten on `up`.\n"
-    return header + yaml.safe_dump(flat, sort_keys=False, default_flow_style=False, width=100000)
-
-
-def flink_env(config: FlinkClusterConfig | None = None) -> dict[str, str]:
-    """Environment for PyFlink's ``bin/`` scripts (``flink``, ``start-cluster.sh``, ...).
-
-    Args:
-        config: Cluster settings; default: the local stack's (``AISP_*`` variables,
-            ports of the last ``aisp local up``).
-
-    Returns:
-        A copy of ``os.environ`` with FLINK_HOME/CONF/LOG/PID dirs and
-        ``FLINK_IDENT_STRING`` set for this cluster.
-    """
-    if config is None:
-        from pyflink_aisp.local._stack import LocalStack
-
-        config = LocalStack().flink_config()
-    home = pyflink_home()
-    env = dict(os.environ)
-    env.update(
-        {
-            "FLINK_HOME": str(home),
-            "FLINK_LIB_DIR": str(home / "lib"),
-            "FLINK_OPT_DIR": str(home / "opt"),
-            "FLINK_PLUGINS_DIR": str(home / "plugins"),
-            "FLINK_CONF_DIR": str(config.conf_dir),
-            "FLINK_LOG_DIR": str(config.log_dir),
-            "FLINK_PID_DIR": str(config.pid_dir),
-            "FLINK_IDENT_STRING": _IDENT,
-            "PYFLINK_CLIENT_EXECUTABLE": config.python_executable,
-        }
-    )
-    return env
-
-
-def flink_run_command(
-    job_py: str | os.PathLike[str], *args: str, config: FlinkClusterConfig | None = None
-) -> list[str]:
-    """argv for ``flink run -py job.py args...`` against the local cluster.
-
-    Run it with ``env=flink_env(config)``.
-
-    Args:
-        job_py: The PyFlink job script.
-        args: Arguments passed on to the job.
-        config: Cluster settings; default: as :func:`flink_env`.
-    """
-    if config is None:
-        from pyflink_aisp.local._stack import LocalStack
-
-        config = LocalStack().flink_config()
-    py = config.python_executable
-    return [
-        str(pyflink_home() / "bin" / "flink"), "run", "-m", f"localhost:{config.rest_port}",
-        "-pyexec", py, "-pyclientexec", py, "-py", os.fspath(job_py), *args,
-    ]  # fmt: skip
-
-
-def flink_overview(rest_url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
-    """``GET <rest_url>/overview`` as a dict, or None if the cluster does not answer."""
+def _rest_get(rest_url: str, path: str, timeout_s: float) -> dict[str, Any] | None:
     try:
-        with urllib.request.urlopen(f"{rest_url}/overview", timeout=timeout_s) as resp:
+        with urllib.request.urlopen(f"{rest_url}{path}", timeout=timeout_s) as resp:
             body = json.loads(resp.read().decode("utf-8"))
     except (urllib.error.URLError, OSError, ValueError):
         return None
     return body if isinstance(body, dict) else None
 
 
+def flink_overview(rest_url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    """``GET <rest_url>/overview`` as a dict, or None if the cluster does not answer."""
+    return _rest_get(rest_url, "/overview", timeout_s)
+
+
 class FlinkCluster:
     """Starts, checks and stops the local Flink standalone cluster of one state folder.
 
     Only pids recorded by Flink's daemon scripts in ``<state_dir>/flink/pid`` are
-    signalled, and only while their command line names this cluster's conf dir.
+    signalled, and only while their command line names this cluster's conf dir;
+    for a daemon whose pid file is gone (state folder deleted under a running
+    cluster), a process running its entrypoint class with ``--configDir
+    <state_dir>/flink/conf`` counts as this cluster's (status shows it, ``stop``
+    stops it, ``start`` restarts the cluster).
     Not thread-safe; :class:`LocalStack` serialises calls with a file lock.
 
     Args:
@@ -303,12 +106,25 @@ class FlinkCluster:
 
     def pid_files(self) -> list[Path]:
         """The daemon pid files (JobManager, TaskManager)."""
-        return [self.config.pid_dir / f"flink-{_IDENT}-{daemon}.pid" for daemon in _DAEMONS]
+        return [self.config.pid_dir / f"flink-{IDENT}-{daemon}.pid" for daemon in _DAEMONS]
 
     def pids(self) -> list[int]:
-        """Recorded pids that are alive and belong to this cluster (JobManager first)."""
-        marker = str(self.config.conf_dir)
-        return [pid for path in self.pid_files() for pid in read_pid_file(path) if pid_matches(pid, marker)]
+        """Live pids of this cluster's daemons (JobManager first); see the class doc."""
+        return [pid for pids in self._daemon_pids().values() for pid in pids]
+
+    def _daemon_pids(self) -> dict[str, list[int]]:
+        conf = str(self.config.conf_dir)
+        found = {}
+        for daemon, path in zip(_DAEMONS, self.pid_files(), strict=True):
+            if path.exists():
+                found[daemon] = [pid for pid in read_pid_file(path) if pid_matches(pid, conf)]
+            else:
+                found[daemon] = find_pids(_daemon_matcher(_ENTRYPOINTS[daemon], conf))
+        return found
+
+    def _orphaned(self, daemons: Mapping[str, list[int]]) -> bool:
+        """Whether a daemon runs without its pid file."""
+        return any(daemons[d] and not p.exists() for d, p in zip(_DAEMONS, self.pid_files(), strict=True))
 
     def overview(self, timeout_s: float = 2.0) -> dict[str, Any] | None:
         """The cluster's ``/overview`` (taskmanagers, slots, jobs) or None."""
@@ -326,7 +142,10 @@ class FlinkCluster:
     def start(self) -> list[int]:
         """Start the cluster unless it already runs; wait for a registered TaskManager.
 
-        A half-running cluster (one daemon died) is stopped and started afresh.
+        When only the TaskManager died and the JobManager still answers, just a
+        new TaskManager is started (``bin/taskmanager.sh start``), so the
+        JobManager keeps its jobs. Any other half-running cluster (or one running
+        without its pid files) is stopped and started afresh.
 
         Returns:
             The daemon pids (JobManager, TaskManager).
@@ -336,24 +155,75 @@ class FlinkCluster:
             ServiceError: ``start-cluster.sh`` failed or no TaskManager registered
                 within the timeout (the message carries the log tails).
         """
-        running = self.pids()
-        if len(running) >= len(_DAEMONS):
-            self._wait_ready(running)
-            return running
-        if running:
-            _log.warning("Flink cluster only partly running (pids %s); restarting", running)
+        self.preflight()
+        daemons = self._daemon_pids()
+        jm, tm = daemons[_JM], daemons[_TM]
+        if jm and tm and not self._orphaned(daemons):
+            self._wait_ready(jm + tm)
+            return jm + tm
+        if jm and not tm and not self._orphaned(daemons) and self._jobmanager_answers(jm[0]):
+            return self._start_taskmanager(jm[0])
+        if jm or tm:
+            _log.warning("Flink cluster only partly running or without pid files (pids %s); "
+                         "restarting", jm + tm)  # fmt: skip
             self.stop()
         for path in self.pid_files():
             remove_pid_file(path)
         self._check_ports_free()
         self._write_conf()
         self._run_script("start-cluster.sh")
+        return self._wait_daemons_up()
+
+    def preflight(self) -> None:
+        """Check what :meth:`start` needs before anything starts: free REST/RPC ports
+        when no JobManager runs here, then Java when a daemon must be started.
+
+        Raises:
+            EnvironmentSetupError: Java is missing (neither ``JAVA_HOME`` nor ``java``
+                on PATH), or a port is taken (the message names the pids holding it).
+        """
+        daemons = self._daemon_pids()
+        if all(daemons.values()) and not self._orphaned(daemons):
+            return
+        if not daemons[_JM]:
+            self._check_ports_free()
+        self._check_java()
+
+    def _jobmanager_answers(self, pid: int) -> bool:
+        """Whether the JobManager ``pid`` answers REST calls (waits up to 15 s for it)."""
+        timeout_s = min(15.0, self.config.start_timeout_s)
+        wait_until(lambda: not is_alive(pid) or self.overview(1.0) is not None, timeout_s, 0.5)
+        return is_alive(pid) and self.overview(1.0) is not None
+
+    def _start_taskmanager(self, jm_pid: int) -> list[int]:
+        """Start one TaskManager for the running JobManager; wait until it registers."""
+        _log.warning("Flink TaskManager is gone, JobManager pid %d still runs: starting a new "
+                     "TaskManager", jm_pid)  # fmt: skip
+        before = self._taskmanager_ids()
+        remove_pid_file(self.pid_files()[1])
+        if not (self.config.conf_dir / "config.yaml").is_file():
+            self._write_conf()  # keep the config the JobManager started with, unless it is gone
+        for folder in (self.config.log_dir, self.config.pid_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        self._run_script("taskmanager.sh", "start")
+        return self._wait_daemons_up(lambda: bool(self._taskmanager_ids() - before))
+
+    def _taskmanager_ids(self) -> set[str]:
+        """Resource ids of the TaskManagers the JobManager lists (a dead one stays
+        listed until its heartbeat times out)."""
+        body = _rest_get(self.config.rest_url, "/taskmanagers", 2.0) or {}
+        managers = body.get("taskmanagers")
+        if not isinstance(managers, list):
+            return set()
+        return {str(tm.get("id")) for tm in managers if isinstance(tm, dict)}
+
+    def _wait_daemons_up(self, ready: Callable[[], bool] | None = None) -> list[int]:
         # a just-forked daemon may not have exec'ed java yet: poll its command line briefly
         wait_until(lambda: len(self.pids()) >= len(_DAEMONS), 10.0, 0.1)
         running = self.pids()
         if len(running) < len(_DAEMONS):
             raise ServiceError(f"Flink daemons did not stay up (pids {running})\n{self._log_tail()}")
-        self._wait_ready(running)
+        self._wait_ready(running, ready)
         return running
 
     def stop(self) -> bool:
@@ -374,10 +244,18 @@ class FlinkCluster:
     def _check_ports_free(self) -> None:
         for port, hint in ((self.config.rest_port, _REST_HINT), (self.config.rpc_port, _RPC_HINT)):
             if not port_is_free(port):
-                raise EnvironmentSetupError(
-                    f"port {port} on {LOOPBACK} is taken by another process (not a Flink "
-                    f"cluster started from {self.config.state_dir}); {hint}"
-                )
+                raise port_taken_error(port, f"a Flink cluster started from {self.config.state_dir}", hint)
+
+    def _check_java(self) -> None:
+        """Find Java as Flink's ``bin/config.sh`` does: ``env.java.home``, JAVA_HOME, PATH."""
+        home = self.config.extra_config.get("env.java.home") or os.environ.get("JAVA_HOME")
+        if not home:
+            require_tools("java")
+        elif not os.access(Path(home) / "bin" / "java", os.X_OK):
+            raise EnvironmentSetupError(
+                f"{home}/bin/java not found (JAVA_HOME or env.java.home); the Flink cluster needs "
+                "Java 17: point JAVA_HOME at a JDK 17, or unset it to use `java` on PATH"
+            )
 
     def _write_conf(self) -> None:
         source = pyflink_home() / "conf"
@@ -393,11 +271,11 @@ class FlinkCluster:
         for folder in (self.config.log_dir, self.config.pid_dir):
             folder.mkdir(parents=True, exist_ok=True)
 
-    def _run_script(self, name: str) -> None:
+    def _run_script(self, name: str, *args: str) -> None:
         script = pyflink_home() / "bin" / name
         try:
             proc = subprocess.run(
-                ["bash", str(script)], env=self.env(), capture_output=True, text=True,
+                ["bash", str(script), *args], env=self.env(), capture_output=True, text=True,
                 timeout=120, check=False, start_new_session=True,
             )  # fmt: skip
         except subprocess.TimeoutExpired as exc:
@@ -407,9 +285,11 @@ class FlinkCluster:
                 f"{name} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}"
             )
 
-    def _wait_ready(self, pids: list[int]) -> None:
+    def _wait_ready(self, pids: list[int], ready: Callable[[], bool] | None = None) -> None:
+        """Wait until ``ready`` (default: :meth:`is_ready`) holds while all ``pids`` live."""
         timeout_s = self.config.start_timeout_s
-        done = wait_until(lambda: not all(is_alive(p) for p in pids) or self.is_ready(1.0), timeout_s, 0.5)
+        check = ready or (lambda: self.is_ready(1.0))
+        done = wait_until(lambda: not all(is_alive(p) for p in pids) or check(), timeout_s, 0.5)
         if done and all(is_alive(p) for p in pids):
             return
         reason = "a daemon exited" if done else f"no TaskManager registered in {timeout_s:.0f} s"
@@ -420,7 +300,7 @@ class FlinkCluster:
 
     def _log_tail(self) -> str:
         parts = []
-        for path in sorted(self.config.log_dir.glob(f"flink-{_IDENT}-*")):
+        for path in sorted(self.config.log_dir.glob(f"flink-{IDENT}-*")):
             if path.suffix in (".log", ".out"):
                 parts.append(f"--- {path} ---\n{tail_text(path, 12)}")
         return "\n".join(parts)

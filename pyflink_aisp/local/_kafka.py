@@ -16,15 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyflink_aisp.errors import ConfigError, EnvironmentSetupError, ServiceError
+from pyflink_aisp.errors import ConfigError, ServiceError
 from pyflink_aisp.local._jars import JarKind, ensure_jars, require_tools
 from pyflink_aisp.local._procs import (
     LOOPBACK,
+    args_adjacent,
+    find_pids,
     is_alive,
     launch_detached,
     pid_matches,
     port_is_free,
     port_is_open,
+    port_taken_error,
     read_pid_file,
     remove_pid_file,
     tail_text,
@@ -173,8 +176,11 @@ def broker_answers(bootstrap_servers: str, timeout_s: float = 2.0) -> bool:
 class KafkaBroker:
     """Starts, checks and stops the local broker of one state folder.
 
-    Only the pid recorded in ``kafka.pid`` is ever signalled, and only while its
-    command line still names this broker's ``server.properties``.
+    Only the pid recorded in ``kafka.pid`` is signalled, and only while its
+    command line still names this broker's ``server.properties``; when
+    ``kafka.pid`` is gone (state folder deleted under a running broker), a process
+    whose command line ends in ``kafka.Kafka <state_dir>/kafka/server.properties``
+    counts as this broker (status shows it, ``stop`` stops it, ``start`` restarts it).
     Not thread-safe; :class:`LocalStack` serialises calls with a file lock.
 
     Args:
@@ -207,7 +213,14 @@ class KafkaBroker:
         return self.config.kafka_dir / "logs"
 
     def pid(self) -> int | None:
-        """The recorded pid if that process is alive and is this broker, else None."""
+        """The broker's pid if it runs, else None.
+
+        The recorded pid if that process is alive and is this broker; without a
+        pid file, a live ``kafka.Kafka <properties_path>`` process (see the class doc).
+        """
+        if not self.pid_path.exists():
+            orphans = find_pids(lambda args: args_adjacent(args, "kafka.Kafka", str(self.properties_path)))
+            return orphans[0] if orphans else None
         for pid in read_pid_file(self.pid_path):
             if pid_matches(pid, str(self.properties_path)):
                 return pid
@@ -230,11 +243,16 @@ class KafkaBroker:
                 (the message carries the log tail).
         """
         pid = self.pid()
+        if pid is not None and not self.pid_path.exists():
+            _log.warning("Kafka broker pid %d runs without its pid file %s (state folder removed?); "
+                         "restarting it", pid, self.pid_path)  # fmt: skip
+            self.stop()
+            pid = None
         if pid is not None:
             self._wait_ready(pid)
             return pid
         remove_pid_file(self.pid_path)
-        self._check_ports_free()
+        self.preflight()
         java = require_tools("java")["java"]
         classpath = ":".join(str(jar) for jar in self._jars())
         self._write_config_files()
@@ -248,8 +266,23 @@ class KafkaBroker:
         self._wait_ready(pid)
         return pid
 
+    def preflight(self) -> None:
+        """Check what :meth:`start` needs before anything starts: free ports (unless
+        the broker already runs here), then Java.
+
+        Raises:
+            EnvironmentSetupError: ``java`` is not on PATH, or a port is taken
+                (the message names the pids holding it).
+        """
+        pid = self.pid()
+        if pid is not None and self.pid_path.exists():
+            return  # runs: start() leaves it alone
+        if pid is None:  # (an orphan found without pid file holds the ports until stopped)
+            self._check_ports_free()
+        require_tools("java")
+
     def stop(self) -> bool:
-        """Stop the recorded broker (SIGTERM, then SIGKILL after the grace period).
+        """Stop the broker (SIGTERM, then SIGKILL after the grace period).
 
         Returns:
             True when a running broker was stopped, False when none ran.
@@ -265,10 +298,7 @@ class KafkaBroker:
     def _check_ports_free(self) -> None:
         for port, hint in ((self.config.port, _PORT_HINT), (self.config.controller_port, _CPORT_HINT)):
             if not port_is_free(port):
-                raise EnvironmentSetupError(
-                    f"port {port} on {LOOPBACK} is taken by another process (not a broker "
-                    f"started from {self.config.state_dir}); {hint}"
-                )
+                raise port_taken_error(port, f"a broker started from {self.config.state_dir}", hint)
 
     def _write_config_files(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)

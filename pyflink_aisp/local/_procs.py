@@ -7,6 +7,7 @@ to ``kill(pid, 0)`` and command-line checks are skipped.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import signal
 import socket
@@ -19,12 +20,18 @@ from pyflink_aisp.errors import EnvironmentSetupError
 
 __all__ = [
     "LOOPBACK",
+    "args_adjacent",
+    "command_line",
+    "describe_command",
     "find_free_port",
+    "find_pids",
     "is_alive",
     "launch_detached",
     "pid_matches",
+    "port_holders",
     "port_is_free",
     "port_is_open",
+    "port_taken_error",
     "read_pid_file",
     "remove_pid_file",
     "tail_text",
@@ -239,3 +246,112 @@ def tail_text(path: Path, max_lines: int = 30) -> str:
     except OSError:
         return ""
     return "\n".join(data.splitlines()[-max_lines:])
+
+
+def command_line(pid: int) -> list[str] | None:
+    """The arguments of process ``pid`` from ``/proc/<pid>/cmdline``; None if unreadable or gone."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [arg.decode("utf-8", "replace") for arg in raw.split(b"\0")[:-1]] if raw else None
+
+
+def args_adjacent(args: Sequence[str], first: str, second: str) -> bool:
+    """Whether ``first`` is directly followed by ``second`` in ``args`` (e.g. ``--configDir DIR``)."""
+    return any(a == first and b == second for a, b in itertools.pairwise(args))
+
+
+def find_pids(match: Callable[[list[str]], bool]) -> list[int]:
+    """Live processes (readable by this user) whose argument list satisfies ``match``, by pid.
+
+    Used to find a service's processes by the state-folder paths in their command
+    line when its pid file is gone. Empty where ``/proc`` is unavailable.
+    """
+    found = []
+    own = os.getpid()
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name) if entry.name.isdigit() else 0
+        args = command_line(pid) if pid and pid != own else None
+        if args and match(args) and is_alive(pid):
+            found.append(pid)
+    return sorted(found)
+
+
+_TCP_LISTEN = "0A"  # state column of /proc/net/tcp (a socket only bound is not listed there)
+
+
+def _socket_inodes(port: int) -> set[str]:
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text(encoding="ascii", errors="replace").splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != _TCP_LISTEN:
+                continue
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[9] != "0":
+                inodes.add(fields[9])
+    return inodes
+
+
+def port_holders(port: int) -> list[int]:
+    """Pids with a socket listening on TCP ``port`` (any address), via ``/proc/net/tcp{,6}``.
+
+    Only processes whose file descriptors this user may read are seen (one's
+    own); empty where ``/proc`` is unavailable.
+    """
+    wanted = {f"socket:[{inode}]" for inode in _socket_inodes(port)}
+    holders = []
+    for fd_dir in Path("/proc").glob("[0-9]*/fd") if wanted else []:
+        try:
+            if any(os.readlink(fd) in wanted for fd in fd_dir.iterdir()):
+                holders.append(int(fd_dir.parent.name))
+        except OSError:  # another user's process, or it just exited
+            continue
+    return sorted(holders)
+
+
+def describe_command(args: Sequence[str], max_chars: int = 200) -> str:
+    """A short form of a command line: for java, ``java … <main class> <args>`` without -D options."""
+    if not args:
+        return "?"
+    short = list(args)
+    for flag in ("-cp", "-classpath", "--class-path"):
+        if flag in args[:-1]:
+            rest = list(args[args.index(flag) + 2 :])
+            kept, skip = [], False
+            for arg in rest:
+                if not skip and not arg.startswith("-D"):
+                    kept.append(arg)
+                skip = arg == "-D"
+            short = [Path(args[0]).name, "…", *kept]
+            break
+    text = " ".join(short)
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+
+
+def port_taken_error(port: int, ours: str, hint: str) -> EnvironmentSetupError:
+    """The error for a taken ``port``, naming the holders found via ``/proc``.
+
+    Args:
+        port: The TCP port on :data:`LOOPBACK`.
+        ours: What would have been fine there, e.g. ``a broker started from /x``.
+        hint: How to choose another port.
+
+    Returns:
+        E.g. ``port 9092 on 127.0.0.1 is taken by pid 1234 (java … kafka.Kafka
+        /old/kafka/server.properties), not by a broker started from /new; stop it
+        with `kill 1234` or choose another with ...``.
+    """
+    holders = port_holders(port)
+    if holders:
+        who = ", ".join(f"pid {pid} ({describe_command(command_line(pid) or [])})" for pid in holders)
+        them = "it" if len(holders) == 1 else "them"
+        stop = f"stop {them} with `kill {' '.join(map(str, holders))}` or "
+    else:
+        who = f"another process (pid not found via /proc; `ss -tanp 'sport = :{port}'` may name it)"
+        stop = ""
+    return EnvironmentSetupError(f"port {port} on {LOOPBACK} is taken by {who}, not by {ours}; {stop}{hint}")

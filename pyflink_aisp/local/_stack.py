@@ -1,8 +1,8 @@
 """The local dev stack: Kafka broker (+ optional Flink cluster) under one state folder.
 
 ``<state_dir>`` (default ``<aisp_home>/local``) holds ``kafka/``, ``flink/``,
-``stack.json`` (the ports ``up`` used, so ``status`` reports the right addresses)
-and ``.lock`` (serialises ``up``/``down`` across processes).
+``stack.json`` (the ports ``up`` used, so ``status`` reports the right addresses;
+removed by ``down``) and ``.lock`` (serialises ``up``/``down`` across processes).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from pyflink_aisp._home import aisp_home
-from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
-from pyflink_aisp.local._flink import FlinkCluster, FlinkClusterConfig
+from pyflink_aisp.errors import ConfigError, EnvironmentSetupError, ServiceError
+from pyflink_aisp.local._flink import FlinkCluster
+from pyflink_aisp.local._flink_config import FlinkClusterConfig
 from pyflink_aisp.local._kafka import KafkaBroker, KafkaBrokerConfig
 
 __all__ = [
@@ -114,6 +115,13 @@ class LocalStackConfig:
         )
 
 
+def _corrupt_record(path: Path, why: str) -> ServiceError:
+    return ServiceError(
+        f"{path} is corrupt ({why}); it records the ports of the last `aisp local up`: run "
+        "`aisp local down` (stops what runs from this folder and removes the file) or delete it"
+    )
+
+
 def _int_from_env(var: str, raw: str) -> int:
     try:
         return int(raw)
@@ -127,9 +135,9 @@ class ServiceStatus:
 
     Attributes:
         name: ``"kafka"`` or ``"flink"``.
-        running: Whether the recorded process(es) are alive.
+        running: Whether the service's process(es) are alive.
         ready: Whether it answers (Kafka metadata / Flink /overview with a TaskManager).
-        pids: Recorded live pids (Flink: JobManager, TaskManager).
+        pids: Live pids (Flink: JobManager, TaskManager).
         address: Kafka bootstrap servers or Flink REST URL.
     """
 
@@ -176,7 +184,10 @@ class LocalStack:
     """Brings the local Kafka broker (and Flink cluster) up and down.
 
     ``up`` is idempotent: services whose recorded pid is alive and answering are
-    left alone. ``down`` signals only pids that ``up`` recorded in ``state_dir``.
+    left alone (a Flink cluster whose TaskManager died gets a new TaskManager; its
+    JobManager and jobs stay). ``down`` signals only this folder's processes: pids
+    that ``up`` recorded in ``state_dir``, or where the pid files are gone,
+    processes running the service with this folder's config in their command line.
     ``up``/``down`` hold a file lock on ``<state_dir>/.lock``, so concurrent
     callers (several test processes) serialise.
 
@@ -198,22 +209,37 @@ class LocalStack:
         Returns:
             The status after start-up.
 
+        The ports and Java are checked for every service to be started before
+        any starts, so a failed check leaves nothing half-started.
+
         Raises:
-            EnvironmentSetupError: A port is taken by another process, the stack already
-                runs here on other ports, or Java / Maven / jars are missing.
-            ServiceError: A service did not come up (message carries its log tail).
+            EnvironmentSetupError: A port is taken by another process (the message
+                names its pid), the stack already runs here on other ports, or
+                Java / Maven / jars are missing.
+            ServiceError: A service did not come up (message carries its log tail),
+                or ``stack.json`` is corrupt.
         """
         with self._locked():
             recorded = self._recorded()
             self._check_same_ports(recorded)
+            broker = KafkaBroker(self.config.kafka_config())
+            cluster = FlinkCluster(self.config.flink_config()) if self.config.with_flink else None
+            broker.preflight()
+            if cluster is not None:
+                cluster.preflight()
             self._record(recorded)
-            KafkaBroker(self.config.kafka_config()).start()
-            if self.config.with_flink:
-                FlinkCluster(self.config.flink_config()).start()
+            broker.start()
+            if cluster is not None:
+                cluster.start()
             return self._status(self._recorded())
 
     def down(self) -> StackStatus:
-        """Stop Flink, then Kafka (only pids recorded in ``state_dir``); idempotent.
+        """Stop Flink, then Kafka, then remove ``stack.json`` (even a corrupt one); idempotent.
+
+        Only this state folder's processes are signalled: the pids recorded in
+        its pid files or, where those are gone, processes whose command line runs
+        the service with this folder's config (see :class:`KafkaBroker`,
+        :class:`FlinkCluster`).
 
         Returns:
             The status afterwards (both stopped).
@@ -221,10 +247,16 @@ class LocalStack:
         with self._locked():
             FlinkCluster(self.config.flink_config()).stop()
             KafkaBroker(self.config.kafka_config()).stop()
-            return self._status(self._recorded())
+            (self.state_dir / _RECORD).unlink(missing_ok=True)
+            return self._status({})
 
     def status(self) -> StackStatus:
-        """What runs now, with the addresses recorded by the last ``up``."""
+        """What runs now, with the addresses recorded by the last ``up``.
+
+        Raises:
+            ServiceError: ``stack.json`` is corrupt (the message says to run
+                ``aisp local down`` or delete it).
+        """
         return self._status(self._recorded())
 
     def flink_config(self) -> FlinkClusterConfig:
@@ -284,11 +316,27 @@ class LocalStack:
                 )
 
     def _recorded(self) -> dict[str, int]:
+        """The ports of the last ``up`` from ``stack.json`` ({} when there is none).
+
+        Raises:
+            ServiceError: The file cannot be read, is not JSON, or a port in it is
+                not an int.
+        """
+        path = self.state_dir / _RECORD
         try:
-            data = json.loads((self.state_dir / _RECORD).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
             return {}
-        return {k: v for k, v in data.items() if k in _PORT_FIELDS and isinstance(v, int)}
+        except (OSError, ValueError) as exc:
+            raise _corrupt_record(path, str(exc)) from exc
+        if not isinstance(data, dict):
+            raise _corrupt_record(path, f"a JSON {type(data).__name__}, not an object")
+        bad = {
+            k: v for k, v in data.items() if k in _PORT_FIELDS and (type(v) is not int or not 0 < v < 65536)
+        }
+        if bad:
+            raise _corrupt_record(path, f"ports that are not ints in 1..65535: {bad}")
+        return {k: v for k, v in data.items() if k in _PORT_FIELDS}
 
     def _record(self, recorded: Mapping[str, int]) -> None:
         ports = asdict(self.config)

@@ -3,6 +3,7 @@
 The tests run in file order on one module-scoped stack: up, use, up again, down.
 """
 
+import shutil
 import uuid
 
 import pytest
@@ -93,3 +94,16 @@ def test_down_kills_and_frees_ports_then_up_again(stack, first_up):
     assert restarted.kafka.ready and restarted.kafka.pids != (pid,)
     stack.down()
     assert port_is_free(stack.config.kafka_port)
+
+
+def test_state_dir_removed_under_a_running_broker(stack):
+    (pid,) = stack.up().kafka.pids
+    shutil.rmtree(stack.state_dir)
+    assert stack.status().kafka.pids == (pid,)  # found by `kafka.Kafka <its server.properties>`
+    restarted = stack.up()  # no pid file: stopped and started afresh (fresh storage)
+    (new_pid,) = restarted.kafka.pids
+    assert restarted.kafka.ready and new_pid != pid and not is_alive(pid)
+    shutil.rmtree(stack.state_dir)
+    assert not stack.down().kafka.running
+    assert not is_alive(new_pid)
+    assert port_is_free(stack.config.kafka_port) and port_is_free(stack.config.kafka_controller_port)

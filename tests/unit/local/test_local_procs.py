@@ -9,11 +9,17 @@ import sys
 import pytest
 
 from pyflink_aisp.local._procs import (
+    args_adjacent,
+    command_line,
+    describe_command,
     find_free_port,
+    find_pids,
     is_alive,
     pid_matches,
+    port_holders,
     port_is_free,
     port_is_open,
+    port_taken_error,
     read_pid_file,
     tail_text,
     terminate,
@@ -123,3 +129,63 @@ def test_tail_text(tmp_path):
     path.write_text("".join(f"line{i}\n" for i in range(100)))
     assert tail_text(path, 2) == "line98\nline99"
     assert tail_text(tmp_path / "missing") == ""
+
+
+def test_port_holders_names_the_listening_process(tmp_path):
+    code = "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+    code += "print(s.getsockname()[1], flush=True); time.sleep(60)"
+    props = str(tmp_path / "server.properties")
+    argv = [sys.executable, "-c", code, "-cp", "a.jar:b.jar", "kafka.Kafka", props]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    try:
+        port = int(proc.stdout.readline())
+        assert port_holders(port) == [proc.pid]
+        msg = str(port_taken_error(port, "a broker started from /new", "choose another with --kafka-port"))
+        name = os.path.basename(sys.executable)
+        assert f"port {port} on 127.0.0.1 is taken by pid {proc.pid} ({name} … kafka.Kafka " in msg
+        assert props in msg and "a.jar" not in msg
+        assert f"not by a broker started from /new; stop it with `kill {proc.pid}` or choose another" in msg
+    finally:
+        proc.kill()
+        proc.wait()
+    assert port_holders(port) == []
+
+
+def test_port_holders_of_a_listening_socket_in_this_process():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        assert port_holders(sock.getsockname()[1]) == [os.getpid()]
+
+
+def test_port_taken_error_when_the_holder_is_not_visible(monkeypatch):
+    import pyflink_aisp.local._procs as procs
+
+    monkeypatch.setattr(procs, "port_holders", lambda port: [])
+    msg = str(procs.port_taken_error(4242, "ours", "hint"))
+    assert "taken by another process" in msg and "ss -tanp 'sport = :4242'" in msg and msg.endswith("; hint")
+
+
+def test_describe_command_shortens_java_command_lines():
+    kafka = ["/usr/bin/java", "-Xmx512m", "-Dx=1", "-cp", "a.jar:b.jar", "kafka.Kafka", "/s/x.properties"]
+    assert describe_command(kafka) == "java … kafka.Kafka /s/x.properties"
+    flink = ["java", "-Xmx1", "-classpath", "lib/*", "org.x.Entrypoint", "-D", "a=b", "--configDir", "/c"]
+    assert describe_command(flink) == "java … org.x.Entrypoint --configDir /c"
+    assert describe_command(["sleep", "60"]) == "sleep 60"
+    assert describe_command(["x" * 300], max_chars=10) == "x" * 9 + "…"
+    assert describe_command([]) == "?"
+
+
+def test_find_pids_by_adjacent_arguments(tmp_path):
+    marker = str(tmp_path / "server.properties")
+    proc = _sleeper("kafka.Kafka", marker)
+    decoy = _sleeper(marker, "kafka.Kafka")  # both strings, wrong order
+    try:
+        assert command_line(proc.pid)[-2:] == ["kafka.Kafka", marker]
+        assert find_pids(lambda args: args_adjacent(args, "kafka.Kafka", marker)) == [proc.pid]
+    finally:
+        for p in (proc, decoy):
+            p.kill()
+            p.wait()
+    assert find_pids(lambda args: args_adjacent(args, "kafka.Kafka", marker)) == []
+    assert command_line(proc.pid) is None

@@ -1,10 +1,9 @@
 """LocalStack without real services: taken ports, pid files, down, status, port changes.
 
-A "fake broker" is a sleeping Python process whose command line names the
-state dir's server.properties, recorded in kafka.pid as `up` would.
+A "fake broker" (conftest) is a sleeping Python process whose command line names
+the state dir's server.properties, recorded in kafka.pid as `up` would.
 """
 
-import socket
 import subprocess
 import sys
 
@@ -21,32 +20,6 @@ from pyflink_aisp.local import (
     find_free_port,
 )
 from pyflink_aisp.local._procs import is_alive, write_pid_file
-
-
-@pytest.fixture
-def listening():
-    """A port some other program listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
-
-
-@pytest.fixture
-def fake_process():
-    procs = []
-
-    def start(*marker):
-        code = "import time; print('ready', flush=True); time.sleep(60)"
-        proc = subprocess.Popen([sys.executable, "-c", code, *marker], stdout=subprocess.PIPE)
-        procs.append(proc)
-        assert proc.stdout.readline() == b"ready\n"  # exec'ed: /proc cmdline now shows the marker
-        return proc
-
-    yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait()
 
 
 def _no_jars():

@@ -1,0 +1,246 @@
+"""Settings of the local Flink standalone cluster: config, ``config.yaml``, env, ``flink run`` argv.
+
+apache-flink from PyPI ships a full Flink distribution inside the ``pyflink``
+package (``bin/``, ``conf/``, ``lib/``, ``opt/``). Its ``bin/config.sh`` takes
+FLINK_HOME from the script's own folder, so the scripts run as they are; the
+environment built here only points ``FLINK_CONF_DIR``, ``FLINK_LOG_DIR`` and
+``FLINK_PID_DIR`` at ``<state_dir>/flink/{conf,log,pid}`` so nothing is written
+into site-packages.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
+
+__all__ = [
+    "FlinkClusterConfig",
+    "flink_env",
+    "flink_run_command",
+    "pyflink_home",
+    "render_flink_config",
+]
+
+IDENT = "aisp"  # FLINK_IDENT_STRING: names the daemons' pid and log files
+
+
+def pyflink_home() -> Path:
+    """The installed ``pyflink`` package folder (the Flink distribution: bin/, conf/, lib/).
+
+    Raises:
+        EnvironmentSetupError: If apache-flink is not installed or lacks ``bin/flink``.
+    """
+    spec = importlib.util.find_spec("pyflink")
+    if spec is None or not spec.submodule_search_locations:
+        raise EnvironmentSetupError("pyflink not importable: `pip install apache-flink==2.3.0`")
+    home = Path(next(iter(spec.submodule_search_locations)))
+    if not (home / "bin" / "flink").is_file():
+        raise EnvironmentSetupError(f"{home}/bin/flink missing: reinstall apache-flink")
+    return home
+
+
+def _positive_int(name: str, value: object, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlinkClusterConfig:
+    """Where and how the local Flink standalone cluster runs.
+
+    Attributes:
+        state_dir: Stack state folder; Flink uses ``<state_dir>/flink``.
+        rest_port: REST API / web UI port (``rest.port``); jobs are submitted here.
+        rpc_port: JobManager RPC port (``jobmanager.rpc.port``).
+        task_slots: ``taskmanager.numberOfTaskSlots``.
+        jobmanager_memory_mb: ``jobmanager.memory.process.size``, MiB.
+        taskmanager_memory_mb: ``taskmanager.memory.process.size``, MiB.
+        managed_memory_mb: ``taskmanager.memory.managed.size``, MiB. Python
+            operators reserve their worker memory from managed memory (consumer
+            weight PYTHON), shared by the slots; 512 MiB leaves 128 MiB per slot.
+        python_executable: Python of the UDF workers and the job client
+            (``python.executable``, ``python.client.executable``); default: this
+            interpreter, so workers see the same venv.
+        extra_config: More ``config.yaml`` entries (flat keys), applied last.
+        start_timeout_s: How long ``start`` waits for a registered TaskManager.
+        stop_timeout_s: Grace period after SIGTERM before SIGKILL, seconds.
+
+    Raises:
+        ConfigError: Invalid port, memory sizes that cannot hold the managed
+            memory, or non-positive values.
+    """
+
+    state_dir: Path
+    rest_port: int = 8081
+    rpc_port: int = 6123
+    task_slots: int = 4
+    jobmanager_memory_mb: int = 1024
+    taskmanager_memory_mb: int = 3072
+    managed_memory_mb: int = 512
+    python_executable: str = field(default_factory=lambda: sys.executable)
+    extra_config: Mapping[str, str] = field(default_factory=dict)
+    start_timeout_s: float = 90.0
+    stop_timeout_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state_dir", Path(self.state_dir).expanduser().absolute())
+        object.__setattr__(self, "extra_config", MappingProxyType(dict(self.extra_config)))
+        for name in ("rest_port", "rpc_port"):
+            _positive_int(name, getattr(self, name))
+            if getattr(self, name) > 65535:
+                raise ConfigError(f"{name} must be <= 65535, got {getattr(self, name)}")
+        if self.rest_port == self.rpc_port:
+            raise ConfigError(f"rest_port and rpc_port must differ (both {self.rest_port})")
+        _positive_int("task_slots", self.task_slots)
+        _positive_int("jobmanager_memory_mb", self.jobmanager_memory_mb, 768)
+        _positive_int("taskmanager_memory_mb", self.taskmanager_memory_mb, 1024)
+        _positive_int("managed_memory_mb", self.managed_memory_mb, 0)
+        if self.managed_memory_mb > self.taskmanager_memory_mb // 2:
+            raise ConfigError(
+                f"managed_memory_mb ({self.managed_memory_mb}) must be at most half of "
+                f"taskmanager_memory_mb ({self.taskmanager_memory_mb})"
+            )
+        if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
+            raise ConfigError("start_timeout_s and stop_timeout_s must be > 0")
+
+    @property
+    def flink_dir(self) -> Path:
+        """``<state_dir>/flink``."""
+        return self.state_dir / "flink"
+
+    @property
+    def conf_dir(self) -> Path:
+        """``FLINK_CONF_DIR``: ``<state_dir>/flink/conf``."""
+        return self.flink_dir / "conf"
+
+    @property
+    def log_dir(self) -> Path:
+        """``FLINK_LOG_DIR``: ``<state_dir>/flink/log``."""
+        return self.flink_dir / "log"
+
+    @property
+    def pid_dir(self) -> Path:
+        """``FLINK_PID_DIR``: ``<state_dir>/flink/pid``."""
+        return self.flink_dir / "pid"
+
+    @property
+    def rest_url(self) -> str:
+        """``http://localhost:<rest_port>``."""
+        return f"http://localhost:{self.rest_port}"
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def render_flink_config(config: FlinkClusterConfig, base: Mapping[str, Any]) -> str:
+    """The cluster's ``config.yaml``: PyFlink's shipped config with our overrides, flat keys.
+
+    Args:
+        config: Cluster settings.
+        base: Parsed ``<pyflink>/conf/config.yaml`` (nested or flat).
+
+    Returns:
+        YAML text with one ``dotted.key: value`` per line.
+    """
+    flat = _flatten(base)
+    checkpoints = (config.flink_dir / "checkpoints").as_uri()
+    flat.update(
+        {
+            "jobmanager.rpc.address": "localhost",
+            "jobmanager.rpc.port": config.rpc_port,
+            "jobmanager.bind-host": "localhost",
+            "taskmanager.bind-host": "localhost",
+            "taskmanager.host": "localhost",
+            "rest.address": "localhost",
+            "rest.bind-address": "localhost",
+            "rest.port": config.rest_port,
+            "taskmanager.numberOfTaskSlots": config.task_slots,
+            "jobmanager.memory.process.size": f"{config.jobmanager_memory_mb}m",
+            "taskmanager.memory.process.size": f"{config.taskmanager_memory_mb}m",
+            "taskmanager.memory.managed.size": f"{config.managed_memory_mb}m",
+            "parallelism.default": 1,
+            "python.executable": config.python_executable,
+            "python.client.executable": config.python_executable,
+            "execution.checkpointing.dir": checkpoints,
+            "execution.checkpointing.savepoint-dir": (config.flink_dir / "savepoints").as_uri(),
+            "env.log.dir": str(config.log_dir),
+            "env.pid.dir": str(config.pid_dir),
+        }
+    )
+    flat.update(config.extra_config)
+    header = "# Written by pyflink_aisp.local from pyflink/conf/config.yaml; rewritten on `up`.\n"
+    return header + yaml.safe_dump(flat, sort_keys=False, default_flow_style=False, width=100000)
+
+
+def flink_env(config: FlinkClusterConfig | None = None) -> dict[str, str]:
+    """Environment for PyFlink's ``bin/`` scripts (``flink``, ``start-cluster.sh``, ...).
+
+    Args:
+        config: Cluster settings; default: the local stack's (``AISP_*`` variables,
+            ports of the last ``aisp local up``).
+
+    Returns:
+        A copy of ``os.environ`` with FLINK_HOME/CONF/LOG/PID dirs and
+        ``FLINK_IDENT_STRING`` set for this cluster.
+    """
+    if config is None:
+        from pyflink_aisp.local._stack import LocalStack
+
+        config = LocalStack().flink_config()
+    home = pyflink_home()
+    env = dict(os.environ)
+    env.update(
+        {
+            "FLINK_HOME": str(home),
+            "FLINK_LIB_DIR": str(home / "lib"),
+            "FLINK_OPT_DIR": str(home / "opt"),
+            "FLINK_PLUGINS_DIR": str(home / "plugins"),
+            "FLINK_CONF_DIR": str(config.conf_dir),
+            "FLINK_LOG_DIR": str(config.log_dir),
+            "FLINK_PID_DIR": str(config.pid_dir),
+            "FLINK_IDENT_STRING": IDENT,
+            "PYFLINK_CLIENT_EXECUTABLE": config.python_executable,
+        }
+    )
+    return env
+
+
+def flink_run_command(
+    job_py: str | os.PathLike[str], *args: str, config: FlinkClusterConfig | None = None
+) -> list[str]:
+    """argv for ``flink run -py job.py args...`` against the local cluster.
+
+    Run it with ``env=flink_env(config)``.
+
+    Args:
+        job_py: The PyFlink job script.
+        args: Arguments passed on to the job.
+        config: Cluster settings; default: as :func:`flink_env`.
+    """
+    if config is None:
+        from pyflink_aisp.local._stack import LocalStack
+
+        config = LocalStack().flink_config()
+    py = config.python_executable
+    return [
+        str(pyflink_home() / "bin" / "flink"), "run", "-m", f"localhost:{config.rest_port}",
+        "-pyexec", py, "-pyclientexec", py, "-py", os.fspath(job_py), *args,
+    ]  # fmt: skip
