@@ -171,5 +171,5 @@ def _report(r: DemoResult, runner: str) -> None:
     print(f"accuracy   {r.heldout_accuracy:.4f} on the held-out split ({r.heldout_scored} reviews)")
     print(f"throughput {r.steady_records_per_s:.0f} records/s steady state (first to last output, "
           f"{r.output_span_seconds:.1f} s); {r.records_per_s:.0f} records/s over the job's wall time "
-          f"({r.job_seconds:.1f} s with `flink run` start-up, {runner})")
+          f"({r.job_seconds:.1f} s, job start-up included; runner {runner})")
     print(f"baseline   {r.baseline_records_per_s:.0f} records/s (plain ONNX Runtime loop, same texts)")
