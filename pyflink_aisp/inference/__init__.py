@@ -8,13 +8,15 @@ Public API: :class:`ModelHandler`, :class:`BatchingConfig`, :class:`BatchStats`,
 
 from __future__ import annotations
 
-from pyflink_aisp.inference._batcher import BatchingConfig, BatchStats, MicroBatcher
+from pyflink_aisp.inference._batcher import BatchStats, MicroBatcher
 from pyflink_aisp.inference._handler import ModelHandler
 from pyflink_aisp.inference._onnx import ExecutionProvider, OnnxSentimentModel, ProviderSpec
 from pyflink_aisp.inference._operator import BatchedInferenceFunction
+from pyflink_aisp.inference._queue import BatchingConfig, BatchQueue
 from pyflink_aisp.inference._sentiment import SentimentHandler, SentimentPrediction
 
 __all__ = [
+    "BatchQueue",
     "BatchStats",
     "BatchedInferenceFunction",
     "BatchingConfig",

@@ -42,5 +42,10 @@ class ModelHandler(abc.ABC, Generic[ExampleT, PredictionT, ModelT]):
         """An identifier of the loaded model's version (sha256 by convention)."""
         return "unversioned"
 
+    def example_tokens(self, example: ExampleT, model: ModelT) -> int:
+        """Size of one example in tokens, for length buckets and the token budget
+        (called per record on the operator's event loop; keep it cheap). Default 1."""
+        return 1
+
     def release_model(self, model: ModelT) -> None:
         """Free the model's resources (called in ``close()``); default: nothing."""

@@ -76,7 +76,9 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
     async def async_invoke(self, value: IN) -> list[OUT]:
         if self._batcher is None:
             raise RuntimeError("BatchedInferenceFunction used before open()")
-        prediction = await self._batcher.submit(self._extract(value))
+        example = self._extract(value)
+        tokens = self._handler.example_tokens(example, self._model)
+        prediction = await self._batcher.submit(example, tokens)
         return [self._emit(value, prediction, self._version)]
 
     def close(self) -> None:

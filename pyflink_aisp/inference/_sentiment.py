@@ -46,6 +46,10 @@ class SentimentHandler(ModelHandler[str, SentimentPrediction, OnnxSentimentModel
         scores, embeddings = model.predict(list(batch))
         return [(float(scores[i]), embeddings[i]) for i in range(len(batch))]
 
+    def example_tokens(self, example: str, model: OnnxSentimentModel) -> int:
+        """Token count of the text after truncation (the tokenizer the model uses)."""
+        return model.tokenizer.count_tokens(example)
+
     def model_version(self) -> str:
         """The sha256 of the ONNX file."""
         return self._assets.sha256

@@ -152,6 +152,16 @@ class ArrowTokenizer:
         """Vocabulary size, added tokens included."""
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
 
+    def count_tokens(self, text: str) -> int:
+        """Token count of one text after truncation, special tokens included (for batching).
+
+        Raises:
+            TokenizeError: ``text`` is not a ``str``.
+        """
+        if not isinstance(text, str):
+            raise TokenizeError(f"expected str, got {type(text).__name__}")
+        return len(self._tokenizer.encode(text, add_special_tokens=self.config.add_special_tokens).ids)
+
     def encode(self, texts: TextInput) -> TokenizedBatch:
         """Tokenize a column into ragged Arrow ``list<int32>`` columns.
 

@@ -220,3 +220,15 @@ def test_directory_and_tokenizer_object_give_the_same_ids(minilm_path: Path) -> 
     from_object = ArrowTokenizer(original, TokenizerConfig(max_length=4)).encode(TEXTS)
     assert original.truncation["max_length"] == 128  # the caller's tokenizer is not changed
     assert _rows(from_object)[0] == [*_rows(from_dir)[0][:3], SEP]
+
+
+def test_count_tokens_equals_the_encoded_row_length(minilm_path, review_texts):
+    from pyflink_aisp.tokenize import ArrowTokenizer, TokenizerConfig
+
+    tok = ArrowTokenizer.from_file(minilm_path, TokenizerConfig(max_length=16))
+    texts = [*review_texts[:50], "", "word " * 100]
+    rows = tok.encode(texts).input_ids.to_pylist()
+    assert [tok.count_tokens(t) for t in texts] == [len(r) for r in rows]
+    assert tok.count_tokens("") == 2 and tok.count_tokens("word " * 100) == 16
+    with pytest.raises(TokenizeError):
+        tok.count_tokens(b"bytes")
