@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyflink.common import Configuration, Row, Time
+from pyflink.common import Configuration, Row, Time, Types
 from pyflink.datastream import (
     AsyncDataStream,
     CheckpointingMode,
@@ -45,9 +45,10 @@ from pyflink.datastream import (
     StreamExecutionEnvironment,
 )
 from pyflink.table import StreamTableEnvironment, TableResult
+from pyflink.table.expressions import col, lit
 
 from pyflink_aisp.errors import AispError, ConfigError, KafkaError
-from pyflink_aisp.inference import BatchedInferenceFunction, BatchingConfig, SentimentHandler
+from pyflink_aisp.inference import BatchedInferenceFunction, BatchingConfig, ModelHandler, SentimentHandler
 from pyflink_aisp.kafka import (
     KafkaSinkTable,
     KafkaSourceTable,
@@ -56,7 +57,7 @@ from pyflink_aisp.kafka import (
     default_bootstrap_servers,
     list_topics,
 )
-from pyflink_aisp.kafka.flink import DECODED_TYPE, DLQ_TAG, KEY_VALUE_TYPE, DecodeFunction
+from pyflink_aisp.kafka.flink import DECODED_TYPE, DLQ_TAG, DecodeFunction
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,17 +192,32 @@ def _to_output(with_embedding: bool) -> Any:
         }
         if with_embedding:
             out["embedding"] = [float(x) for x in embedding]
-        return Row(key=record[0], value=json.dumps(out))
+        return Row(key=record[0], value=json.dumps(out), dead=False)
 
     return emit
+
+
+def _inference_dead_letter(record: Row, error: BaseException) -> Row:
+    """A record whose inference failed (isolated by bisection): a DLQ row."""
+    doc = {"reason": "inference_error", "detail": f"{type(error).__name__}: {error}"[:1000],
+           "id": record[0], "topic": record[2], "partition": record[3], "offset": record[4]}
+    return Row(key=record[0], value=json.dumps(doc), dead=True)
+
+
+#: Output of the inference step: Kafka key and value, and whether it is a dead letter.
+SCORED_TYPE = Types.ROW_NAMED(["key", "value", "dead"], [Types.STRING(), Types.STRING(), Types.BOOLEAN()])
 
 
 def _text(record: Row) -> str:
     return str(record[1])
 
 
-def build_and_run(t_env: StreamTableEnvironment, cfg: JobConfig) -> TableResult:
+def build_and_run(
+    t_env: StreamTableEnvironment, cfg: JobConfig, handler: ModelHandler[Any, Any, Any] | None = None
+) -> TableResult:
     """Declare the Kafka tables, build the pipeline and submit it.
+
+    ``handler`` replaces the sentiment model handler (tests inject failing ones).
 
     Returns:
         The submitted job's ``TableResult`` (``.wait()`` for a bounded run;
@@ -225,17 +241,22 @@ def build_and_run(t_env: StreamTableEnvironment, cfg: JobConfig) -> TableResult:
     raw = t_env.to_data_stream(t_env.from_path("reviews_in"))
     decoded = raw.process(DecodeFunction(), output_type=DECODED_TYPE).name("decode")
     scorer = BatchedInferenceFunction(
-        SentimentHandler(assets, intra_op_num_threads=cfg.intra_op_threads or None),
+        handler or SentimentHandler(assets, intra_op_num_threads=cfg.intra_op_threads or None),
         batching=BatchingConfig(max_batch_size=cfg.max_batch_size, max_wait_ms=cfg.max_wait_ms,
                                 max_batch_tokens=cfg.max_batch_tokens, length_buckets=cfg.length_buckets),
-        extract=_text, emit=_to_output(cfg.with_embedding),
+        extract=_text, emit=_to_output(cfg.with_embedding), dead_letter=_inference_dead_letter,
     )
     scored = AsyncDataStream.unordered_wait(
-        decoded, scorer, Time.seconds(cfg.timeout_s), cfg.capacity, KEY_VALUE_TYPE
+        decoded, scorer, Time.seconds(cfg.timeout_s), cfg.capacity, SCORED_TYPE
     ).name("tokenize+infer")
+    # Split in the JVM (no extra Python step); one insert per sink: one transactional id prefix each.
+    scored_t = t_env.from_data_stream(scored)
+    dead = scored_t.where(col("dead")).select(col("key"), col("value"))
+    decode_dead = t_env.from_data_stream(decoded.get_side_output(DLQ_TAG))
     statements = t_env.create_statement_set()
-    statements.add_insert("scores_out", t_env.from_data_stream(scored))
-    statements.add_insert("dlq_out", t_env.from_data_stream(decoded.get_side_output(DLQ_TAG)))
+    good = scored_t.where(col("dead") == lit(False)).select(col("key"), col("value"))
+    statements.add_insert("scores_out", good)
+    statements.add_insert("dlq_out", decode_dead.union_all(dead))
     return statements.execute()
 
 

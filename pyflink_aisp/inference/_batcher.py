@@ -29,6 +29,13 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+@dataclass(frozen=True)
+class _Failed:
+    """The outcome of an item whose model call raised (kept apart from results)."""
+
+    error: BaseException
+
+
 @dataclass
 class BatchStats:
     """Counts kept by a batcher (read them from the event loop's thread)."""
@@ -36,6 +43,7 @@ class BatchStats:
     batches: int = 0
     records: int = 0
     max_batch_size: int = 0
+    bisections: int = 0
     sizes: dict[int, int] = field(default_factory=dict)
 
     def add(self, size: int) -> None:
@@ -51,7 +59,8 @@ class MicroBatcher(Generic[T, R]):
 
     Args:
         run_batch: Called with a list of items; must return one result per item,
-            in order. Its exception fails every item of that batch.
+            in order. When it raises, the batch is bisected until the failing
+            items are alone; each of those gets the exception, the rest results.
         config: Batch size and wait.
     """
 
@@ -104,25 +113,40 @@ class MicroBatcher(Generic[T, R]):
         batch = self._queue.take()
         self._busy = True
         self.stats.add(len(batch))
-        job = loop.run_in_executor(self._executor, self._run_batch, [b[0] for b in batch])
+        job = loop.run_in_executor(self._executor, self._run_isolating, [b[0] for b in batch])
         job.add_done_callback(lambda done: self._on_done(loop, batch, done))
+
+    def _run_isolating(self, items: list[T]) -> list[R | _Failed]:
+        """``run_batch(items)``; when it raises, bisect: run each half again until the
+        failing items are alone, so one poison record (or a batch too big for the
+        device's memory) fails only itself. Runs on the executor thread."""
+        try:
+            results: list[R | _Failed] = list(self._run_batch(items))
+        except Exception as exc:
+            if len(items) == 1:
+                return [_Failed(exc)]
+            self.stats.bisections += 1
+            mid = len(items) // 2
+            return self._run_isolating(items[:mid]) + self._run_isolating(items[mid:])
+        if len(results) != len(items):
+            error = ValueError(f"run_batch returned {len(results)} results for {len(items)} items")
+            return [_Failed(error)] * len(items)
+        return results
 
     def _on_done(
         self,
         loop: asyncio.AbstractEventLoop,
         batch: list[tuple[T, asyncio.Future[R]]],
-        done: asyncio.Future[Sequence[R]],
+        done: asyncio.Future[list[R | _Failed]],
     ) -> None:
         self._busy = False
         exc = done.exception()
-        results = None if exc is not None else done.result()
-        if results is not None and len(results) != len(batch):
-            exc = ValueError(f"run_batch returned {len(results)} results for {len(batch)} items")
-        for i, (_, fut) in enumerate(batch):
+        outcomes: list[R | _Failed] = [_Failed(exc)] * len(batch) if exc is not None else done.result()
+        for (_, fut), outcome in zip(batch, outcomes, strict=True):
             if fut.done():
                 continue
-            if exc is not None:
-                fut.set_exception(exc)
+            if isinstance(outcome, _Failed):
+                fut.set_exception(outcome.error)
             else:
-                fut.set_result(results[i])  # type: ignore[index]
+                fut.set_result(outcome)
         self._maybe_dispatch(loop)

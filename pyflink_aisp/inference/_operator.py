@@ -32,9 +32,13 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         batching: Batch size and wait.
         extract: Record → model example (e.g. the text of a row).
         emit: ``(record, prediction, model_version)`` → output element.
+        dead_letter: ``(record, error)`` → output element for a record whose
+            inference failed (after bisection isolated it); None: the error fails
+            the job.
 
     Metrics (operator metric group ``aisp``): counters ``batches``,
-    ``recordsInferred``; gauges ``lastBatchSize``, ``modelLoadTimeMs``.
+    ``recordsInferred``, ``inferenceFailures``; gauges ``lastBatchSize``,
+    ``modelLoadTimeMs``.
     """
 
     def __init__(
@@ -44,11 +48,13 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         batching: BatchingConfig,
         extract: Callable[[IN], Any],
         emit: Callable[[IN, Any, str], OUT],
+        dead_letter: Callable[[IN, BaseException], OUT] | None = None,
     ) -> None:
         self._handler = handler
         self._batching = batching
         self._extract = extract
         self._emit = emit
+        self._dead_letter = dead_letter
         self._model: Any = None
         self._batcher: MicroBatcher[Any, Any] | None = None
         self._version = ""
@@ -63,6 +69,7 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         group = runtime_context.get_metrics_group().add_group("aisp")
         self._batches = group.counter("batches")
         self._records = group.counter("recordsInferred")
+        self._failures = group.counter("inferenceFailures")
         group.gauge("lastBatchSize", lambda: self._last_batch)
         group.gauge("modelLoadTimeMs", lambda: int(load_ms))
 
@@ -76,9 +83,15 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
     async def async_invoke(self, value: IN) -> list[OUT]:
         if self._batcher is None:
             raise RuntimeError("BatchedInferenceFunction used before open()")
-        example = self._extract(value)
-        tokens = self._handler.example_tokens(example, self._model)
-        prediction = await self._batcher.submit(example, tokens)
+        try:
+            example = self._extract(value)
+            tokens = self._handler.example_tokens(example, self._model)
+            prediction = await self._batcher.submit(example, tokens)
+        except Exception as exc:
+            if self._dead_letter is None:
+                raise
+            self._failures.inc()
+            return [self._dead_letter(value, exc)]
         return [self._emit(value, prediction, self._version)]
 
     def close(self) -> None:

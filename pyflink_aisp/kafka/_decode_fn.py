@@ -14,8 +14,11 @@ __all__ = ["DECODED_TYPE", "DLQ_TAG", "KEY_VALUE_TYPE", "DecodeFunction"]
 
 #: Rows written to Kafka sinks: ``(key STRING, value STRING)``.
 KEY_VALUE_TYPE = Types.ROW_NAMED(["key", "value"], [Types.STRING(), Types.STRING()])
-#: Decoded records: ``(id STRING, text STRING)``.
-DECODED_TYPE = Types.ROW_NAMED(["id", "text"], [Types.STRING(), Types.STRING()])
+#: Decoded records: ``(id STRING, text STRING, topic STRING, partition INT, offset BIGINT)``.
+DECODED_TYPE = Types.ROW_NAMED(
+    ["id", "text", "topic", "partition", "offset"],
+    [Types.STRING(), Types.STRING(), Types.STRING(), Types.INT(), Types.LONG()],
+)
 #: Side output of dead letters, as ``(key, value)`` rows: key ``topic/partition/offset``,
 #: value the JSON of :meth:`DeadLetter.to_json`.
 DLQ_TAG = OutputTag("dlq", KEY_VALUE_TYPE)
@@ -24,7 +27,7 @@ DLQ_TAG = OutputTag("dlq", KEY_VALUE_TYPE)
 class DecodeFunction(ProcessFunction):
     """Decodes rows ``(value BYTES, topic, partition, offset)`` from a Kafka source table.
 
-    Emits ``(id, text)`` rows; records that fail to decode go to :data:`DLQ_TAG`
+    Emits ``(id, text, topic, partition, offset)`` rows; records that fail to decode go to :data:`DLQ_TAG`
     with their reason and coordinates. Metrics: counter ``aisp.deadLetters``.
     """
 
@@ -43,4 +46,5 @@ class DecodeFunction(ProcessFunction):
             self._dead.inc()
             yield DLQ_TAG, Row(key=source.default_id(), value=result.to_json())
         else:
-            yield Row(id=result.id, text=result.text)
+            yield Row(id=result.id, text=result.text, topic=source.topic, partition=source.partition,
+                      offset=source.offset)

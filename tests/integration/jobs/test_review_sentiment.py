@@ -1,14 +1,16 @@
 """The main job on a real broker and a real PyFlink MiniCluster, in BATCH and STREAMING mode."""
 
 import json
+import sys
 import time
 
+import cloudpickle
 import numpy as np
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.inference import OnnxSentimentModel
+from pyflink_aisp.inference import OnnxSentimentModel, SentimentHandler
 from pyflink_aisp.kafka import create_topics, read_topic
 
 pytestmark = pytest.mark.integration
@@ -156,3 +158,42 @@ def test_streaming_restart_resumes_from_the_groups_committed_offsets(
         run.get_job_client().cancel().result()
     ids = [json.loads(m.value())["id"] for m in out]
     assert sorted(ids) == sorted(r.id for r in first + second)
+
+
+class PoisonedSentimentHandler(SentimentHandler):
+    """The real model, but any batch holding a text with "POISON" raises (a poison record)."""
+
+    def run_inference(self, batch, model):
+        if any("POISON" in text for text in batch):
+            raise RuntimeError("poisoned input")
+        return super().run_inference(batch, model)
+
+
+def test_a_record_that_fails_inference_goes_to_the_dlq_and_the_rest_score(
+    kafka_bootstrap, topic, model_assets, review_job, reviews, expected_scores
+):
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    t_in, t_out, t_dlq = topic("in"), topic("out"), topic("dlq")
+    create_topics(kafka_bootstrap, [t_in, t_out, t_dlq])
+    good = reviews[:60]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    for i, r in enumerate(good):
+        producer.produce(t_in, value=json.dumps({"id": r.id, "text": r.text}))
+        if i == 29:
+            producer.produce(t_in, value=json.dumps({"id": "poison", "text": "POISON pill"}))
+    assert producer.flush(30) == 0
+    cfg = review_job.parse_args([
+        "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
+        "--dlq-topic", t_dlq, "--mode", "batch", "--model-dir", str(model_assets.directory),
+        "--max-wait-ms", "1000",  # one batch of all 61 records: the poison must be bisected out
+    ])
+    review_job.build_and_run(review_job.make_environment(cfg), cfg,
+                             handler=PoisonedSentimentHandler(model_assets)).wait()
+    out = {json.loads(m.value())["id"]: json.loads(m.value())
+           for m in read_topic(kafka_bootstrap, t_out, min_count=60)}
+    assert set(out) == {r.id for r in good}
+    for r in good:
+        assert out[r.id]["score"] == pytest.approx(expected_scores[r.id], abs=1e-5)
+    (letter,) = [json.loads(m.value()) for m in read_topic(kafka_bootstrap, t_dlq, min_count=1)]
+    assert letter["reason"] == "inference_error" and "poisoned input" in letter["detail"]
+    assert (letter["id"], letter["topic"], letter["partition"], letter["offset"]) == ("poison", t_in, 0, 30)

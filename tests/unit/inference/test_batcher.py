@@ -73,20 +73,26 @@ def test_records_accumulate_while_model_is_busy():
     batcher.close()
 
 
-def test_model_error_fails_every_record_of_its_batch_only():
-    def model(items):
-        if 3 in items:
-            raise RuntimeError("boom")
-        return items
+def test_a_poison_record_is_isolated_by_bisection():
+    calls = []
 
-    batcher = MicroBatcher(model, BatchingConfig(max_batch_size=2, max_wait_ms=60_000))
+    def model(items):
+        calls.append(list(items))
+        if 5 in items:
+            raise RuntimeError("boom")
+        return [10 * x for x in items]
+
+    batcher = MicroBatcher(model, BatchingConfig(max_batch_size=8, max_wait_ms=60_000))
 
     async def go():
-        return await asyncio.gather(*(batcher.submit(i) for i in range(4)), return_exceptions=True)
+        return await asyncio.gather(*(batcher.submit(i) for i in range(8)), return_exceptions=True)
 
     out = run(go())
-    assert out[:2] == [0, 1]
-    assert all(isinstance(e, RuntimeError) for e in out[2:])
+    assert out[:5] == [0, 10, 20, 30, 40] and out[6:] == [60, 70]
+    assert isinstance(out[5], RuntimeError) and str(out[5]) == "boom"
+    # [0..7] fails -> [0..3] ok, [4..7] fails -> [4,5] fails -> [4] ok, [5] fails; [6,7] ok
+    assert calls == [list(range(8)), [0, 1, 2, 3], [4, 5, 6, 7], [4, 5], [4], [5], [6, 7]]
+    assert batcher.stats.bisections == 3
     batcher.close()
 
 
