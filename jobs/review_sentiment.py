@@ -47,8 +47,14 @@ from pyflink.datastream import (
 from pyflink.table import StreamTableEnvironment, TableResult
 from pyflink.table.expressions import col, lit
 
-from pyflink_aisp.errors import AispError, ConfigError, KafkaError
-from pyflink_aisp.inference import BatchedInferenceFunction, BatchingConfig, ModelHandler, SentimentHandler
+from pyflink_aisp.errors import AispError, ConfigError, InferenceError, KafkaError
+from pyflink_aisp.inference import (
+    BatchedInferenceFunction,
+    BatchingConfig,
+    ModelHandler,
+    ModelSwapConfig,
+    SentimentHandler,
+)
 from pyflink_aisp.kafka import (
     KafkaSinkTable,
     KafkaSourceTable,
@@ -79,6 +85,9 @@ class JobConfig:
     max_wait_ms: float
     max_batch_tokens: int | None
     length_buckets: tuple[int, ...]
+    latency_slo_ms: float | None
+    model_pointer: Path | None
+    ordered: bool
     capacity: int
     timeout_s: int
     intra_op_threads: int
@@ -90,6 +99,8 @@ class JobConfig:
         for name in ("capacity", "timeout_s", "bundle_time_ms", "checkpoint_interval_ms", "parallelism"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.latency_slo_ms is not None and not self.latency_slo_ms > 0:
+            raise ConfigError(f"--latency-slo-ms must be > 0, got {self.latency_slo_ms}")
         if self.intra_op_threads < 0:
             raise ConfigError(f"--intra-op-threads must be >= 0, got {self.intra_op_threads}")
 
@@ -129,6 +140,15 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
                    help="padded-token budget per model call (rows x longest row); default: none")
     p.add_argument("--length-buckets", type=_int_list, default=(),
                    help="comma-separated token-length bucket bounds, e.g. 16,32,64; default: one bucket")
+    p.add_argument("--latency-slo-ms", type=float, default=None,
+                   help="p99 target of the inference operator (queue + compute), in ms: batch size "
+                        "and wait are then tuned online within --max-batch-size / --max-wait-ms; "
+                        "default: fixed knobs")
+    p.add_argument("--model-pointer", type=Path, default=None,
+                   help='hot swap: a JSON file {"path", "sha256"} (written by `aisp model publish`) '
+                        "polled every 2 s; a new version is swapped in between batches")
+    p.add_argument("--ordered", action="store_true",
+                   help="emit in input order (AsyncDataStream.ordered_wait); default unordered")
     p.add_argument("--capacity", type=int, default=2048,
                    help="async operator: records in flight; 4x --max-batch-size lets the next "
                         "batch form while the model runs")
@@ -151,7 +171,8 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
         with_embedding=a.with_embedding, checkpoint_interval_ms=a.checkpoint_interval_ms,
         parallelism=a.parallelism, max_batch_size=a.max_batch_size, max_wait_ms=a.max_wait_ms,
         max_batch_tokens=a.max_batch_tokens,
-        length_buckets=a.length_buckets,
+        length_buckets=a.length_buckets, latency_slo_ms=a.latency_slo_ms,
+        model_pointer=a.model_pointer, ordered=a.ordered,
         capacity=a.capacity, timeout_s=a.timeout_s, intra_op_threads=a.intra_op_threads,
         bundle_time_ms=a.bundle_time_ms,
         transactional_id_prefix=a.transactional_id_prefix or group_id,
@@ -198,8 +219,10 @@ def _to_output(with_embedding: bool) -> Any:
 
 
 def _inference_dead_letter(record: Row, error: BaseException) -> Row:
-    """A record whose inference failed (isolated by bisection): a DLQ row."""
-    doc = {"reason": "inference_error", "detail": f"{type(error).__name__}: {error}"[:1000],
+    """A record whose inference failed (isolated by bisection) or timed out: a DLQ row."""
+    timed_out = isinstance(error, InferenceError) and str(error).startswith("inference_timeout")
+    doc = {"reason": "inference_timeout" if timed_out else "inference_error",
+           "detail": f"{type(error).__name__}: {error}"[:1000],
            "id": record[0], "topic": record[2], "partition": record[3], "offset": record[4]}
     return Row(key=record[0], value=json.dumps(doc), dead=True)
 
@@ -243,12 +266,14 @@ def build_and_run(
     scorer = BatchedInferenceFunction(
         handler or SentimentHandler(assets, intra_op_num_threads=cfg.intra_op_threads or None),
         batching=BatchingConfig(max_batch_size=cfg.max_batch_size, max_wait_ms=cfg.max_wait_ms,
-                                max_batch_tokens=cfg.max_batch_tokens, length_buckets=cfg.length_buckets),
+                                max_batch_tokens=cfg.max_batch_tokens, length_buckets=cfg.length_buckets,
+                                latency_slo_ms=cfg.latency_slo_ms),
         extract=_text, emit=_to_output(cfg.with_embedding), dead_letter=_inference_dead_letter,
+        swap=ModelSwapConfig(pointer_path=cfg.model_pointer.resolve()) if cfg.model_pointer else None,
     )
-    scored = AsyncDataStream.unordered_wait(
-        decoded, scorer, Time.seconds(cfg.timeout_s), cfg.capacity, SCORED_TYPE
-    ).name("tokenize+infer")
+    wait = AsyncDataStream.ordered_wait if cfg.ordered else AsyncDataStream.unordered_wait
+    scored = wait(decoded, scorer, Time.seconds(cfg.timeout_s), cfg.capacity, SCORED_TYPE)
+    scored = scored.name("tokenize+infer")
     # Split in the JVM (no extra Python step); one insert per sink: one transactional id prefix each.
     scored_t = t_env.from_data_stream(scored)
     dead = scored_t.where(col("dead")).select(col("key"), col("value"))

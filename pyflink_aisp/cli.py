@@ -1,7 +1,7 @@
 """``aisp``: the command line of pyflink-aisp.
 
 Subcommands: ``local up|down|status`` (embedded Kafka broker + Flink cluster),
-``model build``, ``ingest`` (real reviews → Kafka), ``demo`` (the main job end
+``model build|publish``, ``ingest`` (real reviews → Kafka), ``demo`` (the main job end
 to end). Exit status 0 on success, 1 on a pyflink-aisp error (printed), 2 on
 bad usage.
 """
@@ -21,6 +21,16 @@ def _cmd_model_build(args: argparse.Namespace) -> int:
     from pyflink_aisp.models import build_main
 
     return build_main(["--cache-dir", str(args.cache_dir)] if args.cache_dir else [])
+
+
+def _cmd_model_publish(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pyflink_aisp.inference import publish_model
+
+    pointer = publish_model(Path(args.pointer), Path(args.model))
+    print(f"published {pointer.path} sha256 {pointer.sha256} -> {args.pointer}")
+    return 0
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
@@ -67,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     build = model.add_parser("build", help="export MiniLM to ONNX, train the head, cache with sha256")
     build.add_argument("--cache-dir", default=None)
     build.set_defaults(func=_cmd_model_build)
+    publish = model.add_parser("publish", help="hot swap: point a running job's --model-pointer file "
+                                               "at a new model file (sha256 computed, atomic replace)")
+    publish.add_argument("pointer", help="the pointer JSON file the job watches")
+    publish.add_argument("model", help="the new model file (e.g. model.onnx)")
+    publish.set_defaults(func=_cmd_model_publish)
 
     ingest = sub.add_parser("ingest", help="write the Rotten Tomatoes reviews to a Kafka topic as JSON")
     ingest.add_argument("--bootstrap-servers", default=None,

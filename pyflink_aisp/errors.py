@@ -14,6 +14,7 @@ caller can catch one type. Errors carry the context a user needs to act
     ├── DataError              a data set is missing or malformed
     ├── DecodeError            one record could not be decoded (goes to the DLQ)
     ├── TokenizeError          one input could not be tokenized
+    ├── InferenceError         a record got no prediction (batcher closed, timed out)
     └── KafkaError             producing to / consuming from Kafka failed
 """
 
@@ -26,6 +27,7 @@ __all__ = [
     "DataError",
     "DecodeError",
     "EnvironmentSetupError",
+    "InferenceError",
     "KafkaError",
     "ModelError",
     "ServiceError",
@@ -92,6 +94,10 @@ class DecodeError(AispError):
 
 class TokenizeError(AispError):
     """An input could not be tokenized (wrong type, invalid UTF-8)."""
+
+
+class InferenceError(AispError):
+    """A record got no prediction: the batcher closed first or the record timed out."""
 
 
 class KafkaError(AispError):

@@ -1,15 +1,25 @@
 """The ModelHandler plug-in interface (after Apache Beam's RunInference ModelHandler).
 
 A handler knows how to load one model and how to run it on a batch. Operators
-call :meth:`ModelHandler.load_model` once per Python worker in ``open()`` and
-:meth:`ModelHandler.run_inference` once per batch, from one thread at a time.
+call :meth:`ModelHandler.load_model` once per Python worker (in ``open()`` of
+the first operator that needs it; operators of one worker share the model) and
+:meth:`ModelHandler.run_inference` once per batch, from one thread at a time
+(the worker's batching thread).
+
+The two abstract methods are Beam's shape (``apache_beam.ml.inference.base.
+ModelHandler``); the hooks below have defaults, so a minimal handler is two
+methods. :func:`pyflink_aisp.inference.testing.check_model_handler` is a
+contract test any handler can run.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Generic, TypeVar
+
+from pyflink_aisp.errors import ModelError
 
 __all__ = ["ModelHandler"]
 
@@ -36,16 +46,46 @@ class ModelHandler(abc.ABC, Generic[ExampleT, PredictionT, ModelT]):
 
     @abc.abstractmethod
     def run_inference(self, batch: Sequence[ExampleT], model: ModelT) -> Sequence[PredictionT]:
-        """Run the model on ``batch``; return one prediction per example, in order."""
+        """Run the model on ``batch``; return one prediction per example, in order.
+
+        An exception fails the batch; the batcher then bisects it so that only the
+        examples that fail alone are dead-lettered. An out-of-memory error (see
+        :func:`pyflink_aisp.inference.is_out_of_memory`) also lowers the batch size.
+        """
 
     def model_version(self) -> str:
-        """An identifier of the loaded model's version (sha256 by convention)."""
+        """An identifier of the version :meth:`load_model` loads (sha256 by convention)."""
         return "unversioned"
+
+    def load_version(self, path: Path, sha256: str) -> ModelT:
+        """Load another version of the model for a hot swap, from ``path``.
+
+        Implementations verify the file against ``sha256`` and check that the
+        new model runs (e.g. on one example) before returning it; the operator
+        swaps it in between batches and tags later outputs with ``sha256``.
+
+        Raises:
+            ChecksumError: the file's sha256 differs from ``sha256``.
+            ModelError: the model cannot be loaded or fails its check, or the
+                handler does not support hot swap (this default).
+        """
+        raise ModelError(f"{type(self).__name__} does not support model hot swap (asked for {path})")
 
     def example_tokens(self, example: ExampleT, model: ModelT) -> int:
         """Size of one example in tokens, for length buckets and the token budget
-        (called per record on the operator's event loop; keep it cheap). Default 1."""
+        (called per record on the operator's thread; keep it cheap). Default 1."""
         return 1
 
+    def batch_byte_size(self, batch: Sequence[ExampleT]) -> int:
+        """Approximate bytes of ``batch`` as the model receives it (for metrics);
+        default: the UTF-8 length of ``str`` examples, else 0."""
+        return sum(len(x.encode("utf-8", "replace")) for x in batch if isinstance(x, str))
+
+    def device(self) -> str:
+        """Where the model runs, e.g. ``"cpu"`` or ``"cuda:0"`` (reported in metrics;
+        never changed behind the user's back). Default ``"cpu"``."""
+        return "cpu"
+
     def release_model(self, model: ModelT) -> None:
-        """Free the model's resources (called in ``close()``); default: nothing."""
+        """Free the model's resources (called when the last operator using it closes,
+        or for the old model after a hot swap); default: nothing."""

@@ -1,22 +1,32 @@
 """A PyFlink async operator that batches records for a :class:`ModelHandler`.
 
-Use with ``AsyncDataStream.unordered_wait`` / ``ordered_wait``: each record's
-``async_invoke`` parks in the worker's :class:`MicroBatcher`, and one model
-call serves a whole batch. ``capacity`` of the async operator bounds the
-records in flight, so it must be ≥ ``max_batch_size`` for full batches (a
-multiple of it lets the next batch form while the model computes).
+Use with ``AsyncDataStream.unordered_wait`` or ``ordered_wait``: each record's
+``async_invoke`` parks in the worker's shared
+:class:`~pyflink_aisp.inference.ModelRuntime` batcher and one model call
+serves a whole batch. The async operator's ``capacity`` bounds the records in
+flight: it must be ≥ ``max_batch_size`` for full batches (a multiple lets the
+next batch form while the model computes). When the model is slow, the
+operator's queue fills and ``process_element`` blocks, which backpressures the
+source; records are never dropped for it. The per-record ``timeout`` counts
+from the record's entry into the operator, so give it room for ``capacity /
+throughput`` seconds; a record that still times out goes to the dead-letter
+output (reason ``inference_timeout``) instead of failing the job.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from pyflink.datastream.functions import AsyncFunction, RuntimeContext
 
-from pyflink_aisp.inference._batcher import BatchingConfig, MicroBatcher
+from pyflink_aisp.errors import InferenceError
 from pyflink_aisp.inference._handler import ModelHandler
+from pyflink_aisp.inference._metrics import Window, register_window
+from pyflink_aisp.inference._queue import BatchingConfig
+from pyflink_aisp.inference._runtime import ModelRuntime
+from pyflink_aisp.inference._swap import ModelSwapConfig
 
 __all__ = ["BatchedInferenceFunction"]
 
@@ -28,17 +38,18 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
     """Batched model inference as a PyFlink ``AsyncFunction``.
 
     Args:
-        handler: Loads the model (once per worker, in ``open``) and runs batches.
-        batching: Batch size and wait.
+        handler: Loads the model (once per worker, shared by its operators) and
+            runs batches.
+        batching: Batch size, wait, token budget, buckets, optional p99 target.
         extract: Record → model example (e.g. the text of a row).
-        emit: ``(record, prediction, model_version)`` → output element.
+        emit: ``(record, prediction, model_version)`` → output element;
+            ``model_version`` is the sha256 of the model that scored it.
         dead_letter: ``(record, error)`` → output element for a record whose
-            inference failed (after bisection isolated it); None: the error fails
-            the job.
+            inference failed (after bisection isolated it) or timed out; None:
+            the error fails the job.
+        swap: Where to look for new model versions (hot swap); None: never swap.
 
-    Metrics (operator metric group ``aisp``): counters ``batches``,
-    ``recordsInferred``, ``inferenceFailures``; gauges ``lastBatchSize``,
-    ``modelLoadTimeMs``.
+    Metrics: see :mod:`pyflink_aisp.inference._metrics` (group ``aisp``).
     """
 
     def __init__(
@@ -49,55 +60,65 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         extract: Callable[[IN], Any],
         emit: Callable[[IN, Any, str], OUT],
         dead_letter: Callable[[IN, BaseException], OUT] | None = None,
+        swap: ModelSwapConfig | None = None,
     ) -> None:
         self._handler = handler
         self._batching = batching
         self._extract = extract
         self._emit = emit
         self._dead_letter = dead_letter
-        self._model: Any = None
-        self._batcher: MicroBatcher[Any, Any] | None = None
-        self._version = ""
+        self._swap = swap
+        self._runtime: ModelRuntime | None = None
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        start = time.perf_counter()
-        self._model = self._handler.load_model()
-        load_ms = (time.perf_counter() - start) * 1000.0
-        self._version = self._handler.model_version()
-        self._batcher = MicroBatcher(self._run_batch, self._batching)
-        self._last_batch = 0
+        self._runtime = ModelRuntime.acquire(self._handler, self._batching, swap=self._swap)
+        self._counts = {"recordsIn": 0, "recordsOut": 0, "deadLetters": 0}
+        self._serde_us, self._e2e_us = Window(), Window()
         group = runtime_context.get_metrics_group().add_group("aisp")
-        self._batches = group.counter("batches")
-        self._records = group.counter("recordsInferred")
-        self._failures = group.counter("inferenceFailures")
-        group.gauge("lastBatchSize", lambda: self._last_batch)
-        group.gauge("modelLoadTimeMs", lambda: int(load_ms))
+        for name in self._counts:
+            group.gauge(name, self._count_reader(name))
+        register_window(group, "serializationUs", self._serde_us)
+        register_window(group, "endToEndUs", self._e2e_us)
+        self._runtime.bind_metrics(group)
 
-    def _run_batch(self, examples: list[Any]) -> Sequence[Any]:
-        out = self._handler.run_inference(examples, self._model)
-        self._batches.inc()
-        self._records.inc(len(examples))
-        self._last_batch = len(examples)
-        return out
+    def _count_reader(self, name: str) -> Callable[[], int]:
+        return lambda: self._counts[name]
 
     async def async_invoke(self, value: IN) -> list[OUT]:
-        if self._batcher is None:
-            raise RuntimeError("BatchedInferenceFunction used before open()")
+        if self._runtime is None:
+            raise InferenceError("BatchedInferenceFunction used before open()")
+        start = time.perf_counter()
+        self._counts["recordsIn"] += 1
         try:
             example = self._extract(value)
-            tokens = self._handler.example_tokens(example, self._model)
-            prediction = await self._batcher.submit(example, tokens)
+            serde = time.perf_counter() - start
+            inferred = await self._runtime.infer(example)
+            emitted = time.perf_counter()
+            out = self._emit(value, inferred.prediction, inferred.model_version)
         except Exception as exc:
             if self._dead_letter is None:
                 raise
-            self._failures.inc()
-            return [self._dead_letter(value, exc)]
-        return [self._emit(value, prediction, self._version)]
+            return [self._dead(value, exc)]
+        end = time.perf_counter()
+        self._serde_us.add((serde + end - emitted) * 1e6)
+        self._e2e_us.add((end - start) * 1e6)
+        self._counts["recordsOut"] += 1
+        return [out]
+
+    def timeout(self, value: IN) -> list[OUT]:
+        """A record waited longer than the operator's timeout: dead-letter it
+        (reason ``inference_timeout``) when a dead-letter function is set."""
+        if self._dead_letter is None:
+            return super().timeout(value)
+        return [self._dead(value, InferenceError("inference_timeout: the record waited longer than "
+                                                 "the async operator's timeout"))]
+
+    def _dead(self, value: IN, error: BaseException) -> OUT:
+        assert self._dead_letter is not None
+        self._counts["deadLetters"] += 1
+        return self._dead_letter(value, error)
 
     def close(self) -> None:
-        if self._batcher is not None:
-            self._batcher.close()
-            self._batcher = None
-        if self._model is not None:
-            self._handler.release_model(self._model)
-            self._model = None
+        if self._runtime is not None:
+            self._runtime.release()
+            self._runtime = None

@@ -40,12 +40,19 @@ class BatchingConfig:
             row), or None for no budget. A single longer record still runs alone.
         length_buckets: Ascending upper bounds (inclusive, in tokens) of the
             length buckets; longer records share one last bucket. Empty: one bucket.
+        latency_slo_ms: Target p99 latency of a record from ``submit`` to its
+            result, in milliseconds, or None. When set, an
+            :class:`~pyflink_aisp.inference.SloController` moves the batch size
+            and wait online, within ``max_batch_size`` and ``max_wait_ms``, to
+            the highest-throughput setting whose measured p99 stays under it.
+            None: the two knobs stay fixed.
     """
 
     max_batch_size: int = 64
     max_wait_ms: float = 5.0
     max_batch_tokens: int | None = None
     length_buckets: tuple[int, ...] = ()
+    latency_slo_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -57,6 +64,8 @@ class BatchingConfig:
         bounds = self.length_buckets
         if any(b < 1 for b in bounds) or list(bounds) != sorted(set(bounds)):
             raise ConfigError(f"length_buckets must be strictly ascending positive ints, got {bounds}")
+        if self.latency_slo_ms is not None and not self.latency_slo_ms > 0:
+            raise ConfigError(f"latency_slo_ms must be > 0 or None, got {self.latency_slo_ms}")
 
 
 @dataclass(frozen=True)
@@ -76,12 +85,26 @@ class BatchQueue(Generic[T]):
 
     def __init__(self, config: BatchingConfig) -> None:
         self._config = config
+        self._max_batch_size = config.max_batch_size
+        self._max_wait_s = config.max_wait_ms / 1000.0
         self._buckets: list[deque[_Waiting[T]]] = [deque() for _ in range(len(config.length_buckets) + 1)]
         self._size = 0
         self._seq = 0
 
     def __len__(self) -> int:
         return self._size
+
+    def set_limits(self, *, max_batch_size: int, max_wait_ms: float) -> None:
+        """Change the batch size and wait in force (the SLO controller's knobs;
+        the token budget and buckets stay as configured).
+
+        Raises:
+            ConfigError: ``max_batch_size`` < 1 or ``max_wait_ms`` < 0.
+        """
+        if max_batch_size < 1 or max_wait_ms < 0:
+            raise ConfigError(f"invalid limits: max_batch_size={max_batch_size}, max_wait_ms={max_wait_ms}")
+        self._max_batch_size = max_batch_size
+        self._max_wait_s = max_wait_ms / 1000.0
 
     def put(self, item: T, now_s: float, tokens: int = 1) -> None:
         """Add a record that arrived at ``now_s`` (seconds) with ``tokens`` tokens."""
@@ -93,7 +116,7 @@ class BatchQueue(Generic[T]):
     def deadline_s(self) -> float | None:
         """When the oldest record's wait runs out (seconds), or None when empty."""
         heads = [b[0].arrived_s for b in self._buckets if b]
-        return min(heads) + self._config.max_wait_ms / 1000.0 if heads else None
+        return min(heads) + self._max_wait_s if heads else None
 
     def ready(self, now_s: float) -> bool:
         """Whether a batch should leave now (a full bucket, or the oldest wait ran out)."""
@@ -118,7 +141,7 @@ class BatchQueue(Generic[T]):
         budget = self._config.max_batch_tokens
         longest = 0
         for n, waiting in enumerate(bucket):
-            if n == self._config.max_batch_size:
+            if n == self._max_batch_size:
                 return n
             longest = max(longest, waiting.tokens)
             if budget is not None and n > 0 and (n + 1) * longest > budget:
@@ -126,4 +149,6 @@ class BatchQueue(Generic[T]):
         return len(bucket)
 
     def _is_full(self, bucket: deque[_Waiting[T]]) -> bool:
-        return len(bucket) >= self._config.max_batch_size or self._fit(bucket) < len(bucket)
+        if len(bucket) >= self._max_batch_size:
+            return True
+        return self._config.max_batch_tokens is not None and self._fit(bucket) < len(bucket)

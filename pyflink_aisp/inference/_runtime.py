@@ -1,0 +1,254 @@
+"""One model and one batcher per Python worker, shared by its operators.
+
+A PyFlink Python worker (one process per TaskManager slot set) may run several
+operators that use the same model: a DataStream async operator, a SQL async
+scalar function, a pandas UDF. :meth:`ModelRuntime.acquire` returns the
+worker's runtime for a ``(handler, batching, swap)`` key, creating it (and
+loading the model) on first use; :meth:`ModelRuntime.release` closes it when
+its last user closes. All records of all those operators meet in one
+:class:`~pyflink_aisp.inference.MicroBatcher`, so batches fill from every
+operator, and one copy of the model sits in memory.
+
+Hot swap (:class:`~pyflink_aisp.inference.ModelSwapConfig`): a watcher thread
+polls the pointer file, loads a new version with ``handler.load_version`` off
+the batching thread, and the batching thread swaps it in before its next batch;
+each :class:`Inferred` carries the version of the model that produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import pickle
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pyflink_aisp.errors import AispError, ModelError
+from pyflink_aisp.inference._batcher import BatchReport, MicroBatcher
+from pyflink_aisp.inference._handler import ModelHandler
+from pyflink_aisp.inference._metrics import Window, register_window, version_number
+from pyflink_aisp.inference._queue import BatchingConfig
+from pyflink_aisp.inference._swap import ModelPointer, ModelSwapConfig, read_pointer
+
+__all__ = ["Inferred", "ModelRuntime"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Inferred:
+    """One record's result.
+
+    Attributes:
+        prediction: What the handler returned for the record.
+        model_version: Version (sha256) of the model that produced it.
+    """
+
+    prediction: Any
+    model_version: str
+
+
+@dataclass
+class _Swap:
+    """Hot-swap state, shared by the watcher and the batching thread."""
+
+    seen: ModelPointer | None = None
+    ready: tuple[Any, str] | None = None
+    swaps: int = 0
+    failures: int = 0
+    last_error: str = ""
+
+
+class ModelRuntime:
+    """The worker's model, batcher and hot-swap watcher for one handler.
+
+    Use :meth:`acquire`/:meth:`release`, not the constructor.
+
+    Thread-safety: all public methods may be called from any thread.
+    """
+
+    _registry: ClassVar[dict[tuple[str, BatchingConfig, ModelSwapConfig | None], ModelRuntime]] = {}
+    _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(
+        self, handler: ModelHandler[Any, Any, Any], batching: BatchingConfig, swap: ModelSwapConfig | None
+    ) -> None:
+        self.handler = handler
+        self.batching = batching
+        self._swap_config = swap
+        self._refs = 0
+        start = time.perf_counter()
+        self._model = handler.load_model()
+        self.model_load_ms = (time.perf_counter() - start) * 1000.0
+        self.model_version = handler.model_version()
+        self._swap = _Swap()
+        self._stop = threading.Event()
+        self.batch_sizes, self.batch_tokens = Window(), Window()
+        self.queue_wait_us, self.compute_us = Window(), Window()
+        self.batcher: MicroBatcher[Any, Inferred] = MicroBatcher(
+            self._run_batch, batching, on_batch=self._on_batch, name="aisp-batcher")
+        self._watcher: threading.Thread | None = None
+        if swap is not None:
+            self._poll_pointer()  # a pointer published before (re)start wins over the default
+            self._watcher = threading.Thread(target=self._watch, name="aisp-model-watch", daemon=True)
+            self._watcher.start()
+
+    @classmethod
+    def acquire(
+        cls,
+        handler: ModelHandler[Any, Any, Any],
+        batching: BatchingConfig,
+        *,
+        swap: ModelSwapConfig | None = None,
+    ) -> ModelRuntime:
+        """The worker's runtime for this handler and configuration (created and the
+        model loaded on first use); pair every call with :meth:`release`.
+
+        Raises:
+            ModelError: the model cannot be loaded.
+        """
+        key = (_handler_key(handler), batching, swap)
+        with cls._registry_lock:
+            runtime = cls._registry.get(key)
+            if runtime is None:
+                runtime = cls(handler, batching, swap)
+                cls._registry[key] = runtime
+            runtime._refs += 1
+            return runtime
+
+    def release(self) -> None:
+        """Drop one reference; the last one stops the threads and frees the model."""
+        with self._registry_lock:
+            self._refs -= 1
+            if self._refs > 0:
+                return
+            for key, runtime in list(self._registry.items()):
+                if runtime is self:
+                    del self._registry[key]
+        self._stop.set()
+        self.batcher.close()
+        if self._watcher is not None:
+            self._watcher.join()
+        self.handler.release_model(self._model)
+
+    def submit(self, example: Any, tokens: int | None = None) -> Future[Inferred]:
+        """Queue one example (``tokens`` from ``handler.example_tokens`` when None).
+
+        Raises:
+            Exception: whatever ``handler.example_tokens`` raised for a bad example.
+            InferenceError: the runtime is released.
+        """
+        if tokens is None:
+            tokens = self.handler.example_tokens(example, self._model)
+        return self.batcher.submit(example, tokens)
+
+    async def infer(self, example: Any) -> Inferred:
+        """:meth:`submit`, awaited on the running event loop."""
+        return await asyncio.wrap_future(self.submit(example))
+
+    def infer_many(self, examples: Sequence[Any]) -> list[Inferred | BaseException]:
+        """Submit all ``examples`` and wait; each entry is the result or the
+        exception for that example alone (blocking; for vectorized UDFs)."""
+        futures: list[Future[Inferred] | BaseException] = []
+        for example in examples:
+            try:
+                futures.append(self.submit(example))
+            except Exception as exc:
+                futures.append(exc)
+        return [f if isinstance(f, BaseException) else _outcome(f) for f in futures]
+
+    @property
+    def swap_state(self) -> _Swap:
+        """Hot-swap counters and the last error (read-only use)."""
+        return self._swap
+
+    def bind_metrics(self, group: Any) -> None:
+        """Register this runtime's gauges (see :mod:`pyflink_aisp.inference._metrics`)
+        on a PyFlink metric group."""
+        stats, swap = self.batcher.stats, self._swap
+        gauges = {
+            "batches": lambda: stats.batches, "recordsInferred": lambda: stats.records,
+            "inferenceFailures": lambda: stats.failed, "bisections": lambda: stats.bisections,
+            "oomSplits": lambda: stats.oom_splits, "modelSwaps": lambda: swap.swaps,
+            "modelSwapFailures": lambda: swap.failures,
+            "maxBatchSizeKnob": lambda: self.batcher.knobs.max_batch_size,
+            "maxWaitUsKnob": lambda: round(self.batcher.knobs.max_wait_ms * 1000),
+            "sloP99Us": lambda: round((self.batcher.controller.last_p99_ms or 0.0) * 1000)
+            if self.batcher.controller else 0,
+            "modelLoadTimeMs": lambda: round(self.model_load_ms),
+            "modelVersion": lambda: version_number(self.model_version),
+        }
+        for name, read in gauges.items():
+            group.gauge(name, read)
+        for name, window in (("batchSize", self.batch_sizes), ("batchTokens", self.batch_tokens),
+                             ("queueWaitUs", self.queue_wait_us), ("computeUs", self.compute_us)):
+            register_window(group, name, window)
+
+    def _run_batch(self, examples: list[Any]) -> list[Inferred]:
+        """Batching thread: swap in a ready model version, then run the batch."""
+        ready = self._swap.ready
+        if ready is not None:
+            self._swap.ready = None
+            old, self._model = self._model, ready[0]
+            previous, self.model_version = self.model_version, ready[1]
+            self._swap.swaps += 1
+            _log.info("model swapped %s -> %s", previous[:12], self.model_version[:12])
+            self.handler.release_model(old)
+        model, version = self._model, self.model_version
+        return [Inferred(p, version) for p in self.handler.run_inference(examples, model)]
+
+    def _on_batch(self, report: BatchReport) -> None:
+        self.batch_sizes.add(report.size)
+        self.batch_tokens.add(report.padded_tokens)
+        self.queue_wait_us.extend(w * 1e6 for w in report.queue_wait_s)
+        self.compute_us.add(report.compute_s * 1e6)
+
+    def _watch(self) -> None:
+        assert self._swap_config is not None
+        while not self._stop.wait(self._swap_config.poll_interval_s):
+            self._poll_pointer()
+
+    def _poll_pointer(self) -> None:
+        """Load the pointer's version if it changed; on failure keep the old model."""
+        assert self._swap_config is not None
+        try:
+            pointer = read_pointer(self._swap_config.pointer_path)
+        except ModelError as exc:
+            self._fail(str(exc))
+            return
+        if pointer is None or pointer == self._swap.seen:
+            return
+        self._swap.seen = pointer
+        if pointer.sha256 == self.model_version:
+            return
+        try:
+            model = self.handler.load_version(pointer.path, pointer.sha256)
+        except AispError as exc:
+            self._fail(f"refused model {pointer.path} ({pointer.sha256[:12]}): {exc}")
+            return
+        except Exception as exc:  # a handler's own load error: refuse the version, keep serving
+            self._fail(f"refused model {pointer.path} ({pointer.sha256[:12]}): {type(exc).__name__}: {exc}")
+            return
+        self._swap.ready = (model, pointer.sha256)
+
+    def _fail(self, message: str) -> None:
+        if message != self._swap.last_error:
+            _log.error("model hot swap: %s; still serving %s", message, self.model_version[:12])
+            self._swap.failures += 1
+        self._swap.last_error = message
+
+
+def _outcome(future: Future[Inferred]) -> Inferred | BaseException:
+    error = future.exception()
+    return error if error is not None else future.result()
+
+
+def _handler_key(handler: ModelHandler[Any, Any, Any]) -> str:
+    """Identity of a handler's configuration: the sha256 of its pickle (handlers are
+    pickled into the job graph anyway, so every operator's copy pickles the same)."""
+    return f"{type(handler).__qualname__}:{hashlib.sha256(pickle.dumps(handler)).hexdigest()}"

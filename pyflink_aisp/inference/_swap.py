@@ -1,0 +1,97 @@
+"""Model hot swap: a pointer file names the model version a job should serve.
+
+The pointer is a small JSON file ``{"path": "<model file>", "sha256": "<hex>"}``
+(a relative ``path`` is resolved against the pointer's directory). Publishing
+a version (:func:`publish_model`, or ``aisp model publish``) hashes the model
+file and replaces the pointer atomically (write a temporary sibling, then
+``os.replace``), so a reader never sees half a pointer. Every worker of a job
+polls the pointer (:class:`ModelSwapConfig`); a changed pointer is loaded in
+the background with :meth:`ModelHandler.load_version`, which verifies the
+sha256 and checks the model runs, then swapped in between two batches. A
+pointer that fails is reported and skipped until it changes again; the old
+model keeps serving. The pointer must be readable from every TaskManager
+(a shared file system or the same host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyflink_aisp.errors import ConfigError, ModelError
+from pyflink_aisp.models._checksum import is_sha256_hex, sha256_file
+
+__all__ = ["ModelPointer", "ModelSwapConfig", "publish_model", "read_pointer"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSwapConfig:
+    """Where and how often a job looks for a new model version.
+
+    Attributes:
+        pointer_path: The pointer JSON file (see the module docstring).
+        poll_interval_s: Seconds between two reads of the pointer (> 0).
+    """
+
+    pointer_path: Path
+    poll_interval_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.poll_interval_s > 0:
+            raise ConfigError(f"poll_interval_s must be > 0, got {self.poll_interval_s}")
+
+
+@dataclass(frozen=True)
+class ModelPointer:
+    """A model version: file path and its expected sha256 (64 lower-case hex digits)."""
+
+    path: Path
+    sha256: str
+
+
+def read_pointer(pointer_path: Path) -> ModelPointer | None:
+    """Read a pointer file; None when it does not exist.
+
+    Raises:
+        ModelError: the file is not a JSON object with a string ``path`` and a
+            64-hex-digit ``sha256``.
+    """
+    try:
+        text = pointer_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ModelError(f"cannot read model pointer {pointer_path}: {exc}") from exc
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ModelError(f"model pointer {pointer_path} is not JSON: {exc}") from exc
+    valid = isinstance(doc, dict) and isinstance(doc.get("path"), str) and is_sha256_hex(doc.get("sha256"))
+    if not valid:
+        raise ModelError(f'model pointer {pointer_path} must be {{"path": str, "sha256": 64 hex digits}}')
+    path = Path(doc["path"])
+    return ModelPointer(path if path.is_absolute() else pointer_path.parent / path, doc["sha256"])
+
+
+def publish_model(pointer_path: Path, model_path: Path) -> ModelPointer:
+    """Point ``pointer_path`` at ``model_path`` (hashed now), atomically.
+
+    Returns:
+        The pointer written (absolute model path).
+
+    Raises:
+        ModelError: ``model_path`` is not a readable file.
+    """
+    model_path = model_path.resolve()
+    if not model_path.is_file():
+        raise ModelError(f"model file {model_path} does not exist")
+    pointer = ModelPointer(model_path, sha256_file(model_path))
+    pointer_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".pointer-", dir=pointer_path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump({"path": str(pointer.path), "sha256": pointer.sha256}, fh)
+    os.replace(tmp, pointer_path)
+    return pointer

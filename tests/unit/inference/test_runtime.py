@@ -1,0 +1,159 @@
+"""ModelRuntime: one model per worker, shared batcher, hot swap, metrics (fake model file)."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+from pyflink_aisp.errors import ModelError
+from pyflink_aisp.inference import (
+    BatchingConfig,
+    Inferred,
+    ModelHandler,
+    ModelRuntime,
+    ModelSwapConfig,
+    publish_model,
+    read_pointer,
+)
+from pyflink_aisp.models import sha256_file
+from pyflink_aisp.models._checksum import verify_sha256
+
+
+class ScaleHandler(ModelHandler[float, float, float]):
+    """A 'model' file holding one number; predictions are inputs times it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.loads: list[str] = []
+        self.released: list[float] = []
+
+    def load_model(self) -> float:
+        self.loads.append(str(self.path))
+        return float(self.path.read_text())
+
+    def model_version(self) -> str:
+        return sha256_file(self.path)
+
+    def load_version(self, path: Path, sha256: str) -> float:
+        verify_sha256(path, sha256)
+        try:
+            return float(path.read_text())
+        except ValueError as exc:
+            raise ModelError(f"{path} is not a scale model") from exc
+
+    def run_inference(self, batch, model):
+        return [x * model for x in batch]
+
+    def release_model(self, model: float) -> None:
+        self.released.append(model)
+
+
+def wait_for(predicate, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "v1.txt"
+    path.write_text("2")
+    return path
+
+
+def test_operators_of_a_worker_share_one_model(model_file):
+    handler = ScaleHandler(model_file)
+    batching = BatchingConfig(max_batch_size=4, max_wait_ms=1)
+    first = ModelRuntime.acquire(handler, batching)
+    second = ModelRuntime.acquire(ScaleHandler(model_file), batching)  # an equal handler, e.g. unpickled
+    assert first is second and handler.loads == [str(model_file)]
+    assert [r.prediction for r in first.infer_many([1.0, 2.0, 3.0])] == [2.0, 4.0, 6.0]
+    first.release()
+    assert handler.released == []  # still used by the second operator
+    second.release()
+    assert handler.released == [2.0]
+    third = ModelRuntime.acquire(handler, batching)
+    assert third is not first  # a fresh runtime after the last release
+    third.release()
+
+
+def test_infer_many_returns_the_error_of_a_bad_example_only(model_file):
+    runtime = ModelRuntime.acquire(ScaleHandler(model_file), BatchingConfig(max_batch_size=8, max_wait_ms=1))
+    out = runtime.infer_many([1.0, "x", 3.0])
+    runtime.release()
+    assert out[0] == Inferred(2.0, sha256_file(model_file)) and out[2].prediction == 6.0
+    assert isinstance(out[1], TypeError)
+
+
+def test_hot_swap_between_batches_and_refusal_of_bad_versions(model_file, tmp_path):
+    pointer = tmp_path / "pointer.json"
+    v1 = sha256_file(model_file)
+    runtime = ModelRuntime.acquire(ScaleHandler(model_file), BatchingConfig(max_batch_size=8, max_wait_ms=1),
+                                   swap=ModelSwapConfig(pointer_path=pointer, poll_interval_s=0.05))
+    assert runtime.infer_many([1.0]) == [Inferred(2.0, v1)]
+
+    v2_file = tmp_path / "v2.txt"
+    v2_file.write_text("10")
+    v2 = publish_model(pointer, v2_file).sha256
+    assert read_pointer(pointer).sha256 == v2
+    assert wait_for(lambda: runtime.infer_many([1.0]) == [Inferred(10.0, v2)])
+    assert runtime.swap_state.swaps == 1 and runtime.handler.released == [2.0]
+
+    bad = tmp_path / "v3.txt"
+    bad.write_text("not a number")
+    publish_model(pointer, bad)
+    assert wait_for(lambda: runtime.swap_state.failures == 1)
+    error = runtime.swap_state.last_error
+    assert "refused model" in error and "not a scale model" in error
+    assert runtime.infer_many([3.0]) == [Inferred(30.0, v2)]  # the old version keeps serving
+
+    pointer.write_text('{"path": "v2.txt", "sha256": "' + "0" * 64 + '"}')  # checksum mismatch
+    assert wait_for(lambda: runtime.swap_state.failures == 2)
+    assert "ChecksumError" not in runtime.swap_state.last_error  # an AispError: its message, no type
+    assert "sha256" in runtime.swap_state.last_error
+    pointer.write_text("{broken")
+    assert wait_for(lambda: runtime.swap_state.failures == 3)
+    assert runtime.infer_many([1.0]) == [Inferred(10.0, v2)]
+    runtime.release()
+
+
+def test_a_pointer_published_before_start_wins(model_file, tmp_path):
+    pointer = tmp_path / "pointer.json"
+    v2_file = tmp_path / "v2.txt"
+    v2_file.write_text("5")
+    v2 = publish_model(pointer, v2_file).sha256
+    runtime = ModelRuntime.acquire(ScaleHandler(model_file), BatchingConfig(max_batch_size=8, max_wait_ms=1),
+                                   swap=ModelSwapConfig(pointer_path=pointer, poll_interval_s=60))
+    assert runtime.infer_many([1.0]) == [Inferred(5.0, v2)]
+    runtime.release()
+
+
+class RecordingGroup:
+    def __init__(self):
+        self.gauges = {}
+
+    def gauge(self, name, read):
+        self.gauges[name] = read
+
+
+def test_metrics_are_gauges_with_units_in_their_names(model_file):
+    runtime = ModelRuntime.acquire(ScaleHandler(model_file), BatchingConfig(max_batch_size=4, max_wait_ms=1))
+    group = RecordingGroup()
+    runtime.bind_metrics(group)
+    runtime.infer_many([1.0] * 10)
+    values = {name: read() for name, read in group.gauges.items()}
+    runtime.release()
+    assert values["recordsInferred"] == 10 and values["batches"] >= 3
+    assert values["batchSizeMax"] == 4 and 1 <= values["batchSizeP50"] <= 4
+    assert values["queueWaitUsP99"] >= values["queueWaitUsP50"] >= 0
+    assert values["computeUsMax"] > 0 and values["maxBatchSizeKnob"] == 4 and values["maxWaitUsKnob"] == 1000
+    assert values["modelVersion"] == int(sha256_file(model_file)[:12], 16)
+    assert values["sloP99Us"] == 0 and values["modelSwapFailures"] == 0
+
+
+def test_publish_refuses_a_missing_file(tmp_path):
+    with pytest.raises(ModelError):
+        publish_model(tmp_path / "p.json", tmp_path / "nope.onnx")
