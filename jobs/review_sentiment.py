@@ -86,6 +86,7 @@ class JobConfig:
     max_batch_tokens: int | None
     length_buckets: tuple[int, ...]
     latency_slo_ms: float | None
+    max_idle_ms: float | None
     model_pointer: Path | None
     ordered: bool
     capacity: int
@@ -144,6 +145,9 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
                    help="p99 target of the inference operator (queue + compute), in ms: batch size "
                         "and wait are then tuned online within --max-batch-size / --max-wait-ms; "
                         "default: fixed knobs")
+    p.add_argument("--max-idle-ms", type=float, default=2.0,
+                   help="a batch also leaves when no record arrived for this long (PyFlink waits for "
+                        "all records in flight at each bundle end); a negative value turns it off")
     p.add_argument("--model-pointer", type=Path, default=None,
                    help='hot swap: a JSON file {"path", "sha256"} (written by `aisp model publish`) '
                         "polled every 2 s; a new version is swapped in between batches")
@@ -172,6 +176,7 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
         parallelism=a.parallelism, max_batch_size=a.max_batch_size, max_wait_ms=a.max_wait_ms,
         max_batch_tokens=a.max_batch_tokens,
         length_buckets=a.length_buckets, latency_slo_ms=a.latency_slo_ms,
+        max_idle_ms=a.max_idle_ms if a.max_idle_ms >= 0 else None,
         model_pointer=a.model_pointer, ordered=a.ordered,
         capacity=a.capacity, timeout_s=a.timeout_s, intra_op_threads=a.intra_op_threads,
         bundle_time_ms=a.bundle_time_ms,
@@ -267,7 +272,7 @@ def build_and_run(
         handler or SentimentHandler(assets, intra_op_num_threads=cfg.intra_op_threads or None),
         batching=BatchingConfig(max_batch_size=cfg.max_batch_size, max_wait_ms=cfg.max_wait_ms,
                                 max_batch_tokens=cfg.max_batch_tokens, length_buckets=cfg.length_buckets,
-                                latency_slo_ms=cfg.latency_slo_ms),
+                                latency_slo_ms=cfg.latency_slo_ms, max_idle_ms=cfg.max_idle_ms),
         extract=_text, emit=_to_output(cfg.with_embedding), dead_letter=_inference_dead_letter,
         swap=ModelSwapConfig(pointer_path=cfg.model_pointer.resolve()) if cfg.model_pointer else None,
     )

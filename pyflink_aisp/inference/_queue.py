@@ -2,8 +2,9 @@
 
 Records wait in length buckets (by token count, when the caller knows it).
 A batch is *ready* when a bucket can fill a whole batch (``max_batch_size``
-records, or as many as fit the token budget) or when the oldest record of
-all has waited ``max_wait_ms``. :meth:`BatchQueue.take` then serves the full
+records, or as many as fit the token budget), when the oldest record of
+all has waited ``max_wait_ms``, or (with ``max_idle_ms``) when no record has
+arrived for that long. :meth:`BatchQueue.take` then serves the full
 bucket whose head waited longest, else the bucket holding the oldest record,
 taking records in arrival order while ``rows * longest row ≤ max_batch_tokens``
 (the padded size the model computes). Grouping by length cuts padding; the
@@ -46,6 +47,11 @@ class BatchingConfig:
             and wait online, within ``max_batch_size`` and ``max_wait_ms``, to
             the highest-throughput setting whose measured p99 stays under it.
             None: the two knobs stay fixed.
+        max_idle_ms: A batch also leaves when no record has arrived for this
+            long (milliseconds), or None. The input pausing means no companion
+            is coming soon: PyFlink ends each bundle by waiting for every record
+            in flight, so without it each bundle's last batch sits out the full
+            ``max_wait_ms`` while the pipeline stalls.
     """
 
     max_batch_size: int = 64
@@ -53,6 +59,7 @@ class BatchingConfig:
     max_batch_tokens: int | None = None
     length_buckets: tuple[int, ...] = ()
     latency_slo_ms: float | None = None
+    max_idle_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -64,6 +71,8 @@ class BatchingConfig:
         bounds = self.length_buckets
         if any(b < 1 for b in bounds) or list(bounds) != sorted(set(bounds)):
             raise ConfigError(f"length_buckets must be strictly ascending positive ints, got {bounds}")
+        if self.max_idle_ms is not None and self.max_idle_ms < 0:
+            raise ConfigError(f"max_idle_ms must be >= 0 or None, got {self.max_idle_ms}")
         if self.latency_slo_ms is not None and not self.latency_slo_ms > 0:
             raise ConfigError(f"latency_slo_ms must be > 0 or None, got {self.latency_slo_ms}")
 
@@ -87,6 +96,8 @@ class BatchQueue(Generic[T]):
         self._config = config
         self._max_batch_size = config.max_batch_size
         self._max_wait_s = config.max_wait_ms / 1000.0
+        self._max_idle_s = None if config.max_idle_ms is None else config.max_idle_ms / 1000.0
+        self._last_put_s = 0.0
         self._buckets: list[deque[_Waiting[T]]] = [deque() for _ in range(len(config.length_buckets) + 1)]
         self._size = 0
         self._seq = 0
@@ -112,11 +123,18 @@ class BatchQueue(Generic[T]):
         self._buckets[index].append(_Waiting(item, tokens, now_s, self._seq))
         self._size += 1
         self._seq += 1
+        self._last_put_s = max(self._last_put_s, now_s)
 
     def deadline_s(self) -> float | None:
-        """When the oldest record's wait runs out (seconds), or None when empty."""
+        """When the oldest record's wait runs out, or the input has been idle for
+        ``max_idle_ms`` (seconds); None when empty."""
         heads = [b[0].arrived_s for b in self._buckets if b]
-        return min(heads) + self._max_wait_s if heads else None
+        if not heads:
+            return None
+        deadline = min(heads) + self._max_wait_s
+        if self._max_idle_s is not None:
+            deadline = min(deadline, self._last_put_s + self._max_idle_s)
+        return deadline
 
     def ready(self, now_s: float) -> bool:
         """Whether a batch should leave now (a full bucket, or the oldest wait ran out)."""

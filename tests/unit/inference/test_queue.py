@@ -72,3 +72,18 @@ def test_a_record_over_the_budget_runs_alone():
 def test_config_validation(kwargs):
     with pytest.raises(ConfigError):
         BatchingConfig(**kwargs)
+
+
+def test_a_pause_in_the_input_releases_the_batch_before_max_wait():
+    queue = BatchQueue(BatchingConfig(max_batch_size=10, max_wait_ms=50, max_idle_ms=2))
+    queue.put("a", 0.000)
+    queue.put("b", 0.001)
+    queue.put("c", 0.0025)
+    assert queue.deadline_s() == pytest.approx(0.0045)  # 2 ms after the last arrival
+    assert not queue.ready(0.004)
+    assert queue.ready(0.0046)
+    assert queue.take() == ["a", "b", "c"]
+    steady = BatchQueue(BatchingConfig(max_batch_size=10, max_wait_ms=5, max_idle_ms=2))
+    for i in range(8):  # arrivals every 1 ms never pause: max_wait decides
+        steady.put(i, i / 1000)
+    assert steady.deadline_s() == pytest.approx(0.005)
