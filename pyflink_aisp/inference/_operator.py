@@ -69,6 +69,7 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         self._dead_letter = dead_letter
         self._swap = swap
         self._runtime: ModelRuntime | None = None
+        self._counts = {"recordsIn": 0, "recordsOut": 0, "deadLetters": 0}
 
     def open(self, runtime_context: RuntimeContext) -> None:
         self._runtime = ModelRuntime.acquire(self._handler, self._batching, swap=self._swap)
