@@ -116,6 +116,13 @@ def _int_list(text: str) -> tuple[int, ...]:
 _DEFAULT_STARTUP = {"batch": "earliest-offset", "streaming": "group-offsets"}
 
 
+def _default_bundle_time_ms(latency_slo_ms: float | None) -> int:
+    """Outputs leave the Python worker when its bundle ends, so a bundle may not take
+    much of the latency target; each bundle end also drains every record in flight,
+    so it should not be tiny either: 50 ms, or SLO / 4 when that is smaller."""
+    return 50 if latency_slo_ms is None else max(1, min(50, int(latency_slo_ms / 4)))
+
+
 def parse_args(argv: list[str] | None = None) -> JobConfig:
     """Command line → :class:`JobConfig`."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -158,8 +165,9 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
                         "batch form while the model runs")
     p.add_argument("--timeout-s", type=int, default=600, help="async operator: per-record timeout")
     p.add_argument("--intra-op-threads", type=int, default=0, help="ONNX Runtime threads (0: cores)")
-    p.add_argument("--bundle-time-ms", type=int, default=50,
-                   help="python.fn-execution.bundle.time: longest a result waits in the worker")
+    p.add_argument("--bundle-time-ms", type=int, default=None,
+                   help="python.fn-execution.bundle.time: longest a result waits in the Python worker "
+                        "(default 50, or a quarter of --latency-slo-ms when that is smaller)")
     p.add_argument("--transactional-id-prefix", default=None,
                    help="Kafka transactional ids of the sinks; unique per job, stable across its "
                         "restarts (default: the group id)")
@@ -179,7 +187,7 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
         max_idle_ms=a.max_idle_ms if a.max_idle_ms >= 0 else None,
         model_pointer=a.model_pointer, ordered=a.ordered,
         capacity=a.capacity, timeout_s=a.timeout_s, intra_op_threads=a.intra_op_threads,
-        bundle_time_ms=a.bundle_time_ms,
+        bundle_time_ms=a.bundle_time_ms or _default_bundle_time_ms(a.latency_slo_ms),
         transactional_id_prefix=a.transactional_id_prefix or group_id,
         jars=a.jars,
     )
