@@ -1,0 +1,141 @@
+"""Case (e) and the latency runs: the streaming job between broker-stamped topics.
+
+Each run creates its own input and output topics (LogAppendTime) with a run
+tag in the name, so its job starts with a fresh consumer group, and reads its
+output with ``isolation.level = read_uncommitted`` (see ``_kafka_load.py``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _job_runner import JobSettings, StreamingJob, command_line
+from _kafka_load import (
+    collect_stamps,
+    create_stamped_topics,
+    end_offset,
+    join_latencies,
+    missing,
+    produce_all,
+    produce_at_rate,
+)
+
+__all__ = ["latency_run", "throughput_run"]
+
+#: Records written and awaited before a load phase: the job is up and its model loaded.
+READY_RECORDS = 20
+#: Longest wait for a job's first outputs (start-up: JVM, MiniCluster, Python worker, model), seconds.
+STARTUP_TIMEOUT_S = 240.0
+
+
+def _topics(tag: str) -> tuple[str, str]:
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", tag).strip("-")
+    run = uuid.uuid4().hex[:6]
+    return f"bench-{name}-{run}-in", f"bench-{name}-{run}-out"
+
+
+def _collect(job: StreamingJob, bootstrap: str, topic: str, want: int, timeout_s: float,
+             progress_every_s: float = 0.0) -> dict[str, int]:
+    """Output stamps of ``want`` keys, checking each second that the job still runs.
+
+    Waits on the topic's end offset (cheap) and reads the records once it
+    reaches ``want``, so the reader takes little CPU from the job meanwhile.
+    """
+    stamps: dict[str, int] = {}
+    deadline = time.monotonic() + timeout_s
+    shown = time.monotonic()
+    while len(stamps) < want and time.monotonic() < deadline:
+        job.check_alive()
+        end = end_offset(bootstrap, topic)
+        if end >= want:
+            stamps = collect_stamps(bootstrap, topic, want=want,
+                                    timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
+        else:
+            time.sleep(1.0)
+        if progress_every_s and len(stamps) < want and time.monotonic() - shown >= progress_every_s:
+            shown = time.monotonic()
+            print(f"    {topic}: {end:,}/{want:,} outputs", flush=True)
+    return stamps
+
+
+def throughput_run(bootstrap: str, texts: list[str], settings: JobSettings, *, log_dir: Path,
+                   tag: str) -> dict[str, Any]:
+    """(e): preload all texts, run the job until every output arrived.
+
+    Returns:
+        ``records_per_s`` (outputs / (last - first output append time)),
+        ``startup_s`` (process start to first output), ``span_s``, ``rows``,
+        ``wall_s`` (process start to last output).
+
+    Raises:
+        RuntimeError: the job exited or produced no output in time.
+    """
+    in_topic, out_topic = _topics(tag)
+    create_stamped_topics(bootstrap, [in_topic, out_topic])
+    produce_all(bootstrap, in_topic, [(f"r{i}", t) for i, t in enumerate(texts)])
+    print(f"[{tag}] streaming job over {len(texts):,} preloaded reviews ...", flush=True)
+    with StreamingJob(settings, in_topic, out_topic, log_dir / f"{in_topic}.log") as job:
+        timeout = STARTUP_TIMEOUT_S + len(texts) / 20.0
+        out = _collect(job, bootstrap, out_topic, len(texts), timeout, progress_every_s=10.0)
+        started_ms = job.started_s * 1000.0
+    print(f"[{tag}] job stopped in {job.stop_s:.1f} s", flush=True)
+    if len(out) < 2:
+        raise RuntimeError(f"{len(out)} outputs within {timeout:.0f} s")
+    first, last = min(out.values()), max(out.values())
+    span_s = (last - first) / 1000.0
+    result = {"records_per_s": len(out) / span_s if span_s > 0 else 0.0, "rows": len(out),
+              "expected": len(texts), "span_s": span_s, "startup_s": (first - started_ms) / 1000.0,
+              "wall_s": (last - started_ms) / 1000.0, "slo_ms": settings.latency_slo_ms,
+              "command": command_line(settings, (in_topic, out_topic))}
+    print(f"[{tag}] {result['records_per_s']:,.0f} records/s steady, start-up {result['startup_s']:.1f} s, "
+          f"{len(out):,}/{len(texts):,} outputs", flush=True)
+    return result
+
+
+def latency_run(bootstrap: str, texts: list[str], settings: JobSettings, *, rate_per_s: float,
+                seconds: float, warmup_s: float, log_dir: Path, tag: str) -> dict[str, Any]:
+    """One offered load: start the job, wait until it answers, then write at ``rate_per_s``.
+
+    Returns:
+        Offered and achieved rate, measured and missing records, p50/p90/p99/max
+        latency (ms) and the latencies themselves (ms, send order).
+
+    Raises:
+        RuntimeError: the job exited or never answered the readiness records.
+    """
+    in_topic, out_topic = _topics(f"lat-{tag}")
+    create_stamped_topics(bootstrap, [in_topic, out_topic])
+    print(f"[latency {tag}] {rate_per_s:,.0f} records/s for {seconds:.0f} s ...", flush=True)
+    with StreamingJob(settings, in_topic, out_topic, log_dir / f"{in_topic}.log") as job:
+        ready = [(f"ready-{i}", texts[i % len(texts)]) for i in range(READY_RECORDS)]
+        produce_all(bootstrap, in_topic, ready)
+        if len(_collect(job, bootstrap, out_topic, READY_RECORDS, STARTUP_TIMEOUT_S)) < READY_RECORDS:
+            raise RuntimeError(f"the job did not answer within {STARTUP_TIMEOUT_S:.0f} s:\n{job.log_tail()}")
+        load = produce_at_rate(bootstrap, in_topic, texts, rate_per_s=rate_per_s, seconds=seconds,
+                               key_prefix="L")
+        want = READY_RECORDS + len(load.keys)
+        outputs = _collect(job, bootstrap, out_topic, want, 60.0)
+    print(f"[latency {tag}] job stopped in {job.stop_s:.1f} s", flush=True)
+    inputs = collect_stamps(bootstrap, in_topic, want=want, timeout_s=30.0)
+    since_ms = int((load.start_s + warmup_s) * 1000)
+    lat = join_latencies(inputs, outputs, keys=load.keys, since_ms=since_ms)
+    result = _summary(lat, load.target_per_s, load.achieved_per_s,
+                      missing(inputs, outputs, keys=load.keys, since_ms=since_ms))
+    print(f"[latency {tag}] p50 {result['p50_ms']:.0f} ms, p99 {result['p99_ms']:.0f} ms "
+          f"({result['measured']:,} records, {result['missing']} missing)", flush=True)
+    return result
+
+
+def _summary(lat: np.ndarray, target: float, achieved: float, lost: int) -> dict[str, Any]:
+    def pct(q: float) -> float:
+        return float(np.percentile(lat, q)) if lat.size else float("nan")
+
+    return {"target_per_s": target, "achieved_per_s": achieved, "measured": int(lat.size), "missing": lost,
+            "p50_ms": pct(50), "p90_ms": pct(90), "p99_ms": pct(99),
+            "max_ms": float(lat.max()) if lat.size else float("nan"),
+            "latencies_ms": [float(x) for x in lat]}
