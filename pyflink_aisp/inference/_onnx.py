@@ -6,6 +6,14 @@ requested provider that this onnxruntime build lacks, or that fails to load
 instead of running on another device. Nodes a GPU provider cannot run still
 go to ORT's CPU provider inside the same session; that is ORT's per-node
 placement, not a device fallback.
+
+On a CUDA or TensorRT session :meth:`OnnxSentimentModel.predict` uses IO
+binding (``InferenceSession.io_binding``): the pooled numpy inputs are bound
+with ``bind_cpu_input`` (ORT copies them to the device once), the outputs are
+allocated on the device by ORT (``bind_output(name, "cuda", device_id)``, so
+their size need not be known) and copied back with ``copy_outputs_to_cpu``
+after ``run_with_iobinding``. See ONNX Runtime's "Python API: IOBinding".
+The CPU path keeps ``session.run``.
 """
 
 from __future__ import annotations
@@ -21,7 +29,13 @@ from pyflink_aisp.errors import ConfigError, ModelError, TokenizeError
 from pyflink_aisp.models import EMBEDDING_OUTPUT, SCORE_OUTPUT, ModelAssets
 from pyflink_aisp.tokenize import ArrowTokenizer, TokenizedBatch, TokenizerConfig
 
-__all__ = ["ExecutionProvider", "OnnxSentimentModel", "ProviderSpec"]
+__all__ = [
+    "ExecutionProvider",
+    "OnnxSentimentModel",
+    "ProviderSpec",
+    "normalize_providers",
+    "provider_device",
+]
 
 
 class ExecutionProvider(enum.StrEnum):
@@ -35,6 +49,63 @@ class ExecutionProvider(enum.StrEnum):
 #: A provider name, or ``(name, provider options)`` such as ``("CUDAExecutionProvider", {"device_id": 1})``.
 ProviderSpec = str | tuple[str, Mapping[str, object]]
 
+#: Providers that compute on a CUDA device: ``device_id`` and IO binding apply to them.
+GPU_PROVIDERS = frozenset({ExecutionProvider.CUDA.value, ExecutionProvider.TENSORRT.value})
+_OUTPUTS = [EMBEDDING_OUTPUT, SCORE_OUTPUT]
+
+
+def normalize_providers(
+    providers: Sequence[ProviderSpec], device_id: int | None = None
+) -> tuple[tuple[str, dict[str, object]], ...]:
+    """``(name, options)`` pairs of a provider list, with ``device_id`` set on GPU providers.
+
+    Only names are checked (against ``ort.get_all_providers()``), not whether
+    this onnxruntime build has them: a job graph may be built on a host
+    without a GPU build for workers that have one.
+
+    Args:
+        providers: Names or ``(name, options)`` in priority order.
+        device_id: CUDA device index for every CUDA/TensorRT provider (its
+            ``device_id`` option); None leaves the options as given.
+
+    Raises:
+        ConfigError: Empty list, unknown name, ``device_id`` < 0, ``device_id``
+            without a GPU provider, or one that contradicts a provider's own option.
+    """
+    if isinstance(providers, str) or not providers:
+        raise ConfigError(f"providers must be a non-empty sequence, got {providers!r}")
+    pairs = []
+    for spec in providers:
+        name, opts = (str(spec[0]), dict(spec[1])) if isinstance(spec, tuple) else (str(spec), {})
+        if name not in ort.get_all_providers():
+            raise ConfigError(f"unknown execution provider {name!r}; known: {ort.get_all_providers()}")
+        pairs.append((name, opts))
+    if device_id is None:
+        return tuple(pairs)
+    if device_id < 0 or not any(name in GPU_PROVIDERS for name, _ in pairs):
+        raise ConfigError(f"device_id={device_id} needs a CUDA/TensorRT provider and must be >= 0")
+    for name, opts in pairs:
+        if name in GPU_PROVIDERS:
+            if str(opts.setdefault("device_id", device_id)) != str(device_id):
+                raise ConfigError(f"{name} options say device_id={opts['device_id']}, argument {device_id}")
+    return tuple(pairs)
+
+
+def provider_device(providers: Sequence[ProviderSpec]) -> str:
+    """``"cuda:N"`` when the first provider is CUDA/TensorRT (N: its ``device_id``
+    option, default 0, as ORT), else ``"cpu"``.
+
+    Raises:
+        ConfigError: As :func:`normalize_providers`, or a non-integer ``device_id``.
+    """
+    name, options = normalize_providers(providers)[0]
+    if name not in GPU_PROVIDERS:
+        return "cpu"
+    try:
+        return f"cuda:{int(str(options.get('device_id', 0)))}"
+    except ValueError as exc:
+        raise ConfigError(f"{name} device_id must be an integer, got {options['device_id']!r}") from exc
+
 
 def _split_providers(providers: Sequence[ProviderSpec]) -> tuple[list[str], list[dict[str, object]]]:
     """Names and option dicts of a provider list, checked against this onnxruntime.
@@ -43,15 +114,9 @@ def _split_providers(providers: Sequence[ProviderSpec]) -> tuple[list[str], list
         ConfigError: The list is empty or a name is not an ONNX Runtime provider.
         ModelError: A known provider is not available in this onnxruntime build.
     """
-    if isinstance(providers, str) or not providers:
-        raise ConfigError(f"providers must be a non-empty sequence, got {providers!r}")
     names: list[str] = []
     options: list[dict[str, object]] = []
-    for spec in providers:
-        name, opts = (spec[0], dict(spec[1])) if isinstance(spec, tuple) else (spec, {})
-        name = str(name)
-        if name not in ort.get_all_providers():
-            raise ConfigError(f"unknown execution provider {name!r}; known: {ort.get_all_providers()}")
+    for name, opts in normalize_providers(providers):
         if name not in ort.get_available_providers():
             raise ModelError(
                 f"execution provider {name} is not available in this onnxruntime build "
@@ -75,10 +140,15 @@ class OnnxSentimentModel:
         providers: Execution providers in priority order, default CPU only.
         batch_size: Texts per ``session.run`` inside :meth:`predict`.
         verify: Re-check the sha256 of the model files before loading.
+        device_id: CUDA device of the CUDA/TensorRT providers (sets their
+            ``device_id`` option); None: as given in ``providers`` (ORT: 0).
+        io_binding: Run through IO binding; None (default): exactly when the
+            first provider is CUDA/TensorRT. True on CPU binds CPU outputs
+            (same numbers; used to test the binding path without a GPU).
 
     Raises:
-        ConfigError: ``intra_op_num_threads`` or ``batch_size`` < 1, or an
-            unknown provider name.
+        ConfigError: ``intra_op_num_threads`` or ``batch_size`` < 1, an
+            unknown provider name, or a ``device_id`` as :func:`normalize_providers`.
         ModelError: A requested provider is unavailable or was dropped by ORT,
             or the model cannot be loaded.
         ChecksumError: The model files differ from the manifest (``verify``).
@@ -92,12 +162,16 @@ class OnnxSentimentModel:
         providers: Sequence[ProviderSpec] = (ExecutionProvider.CPU,),
         batch_size: int = 64,
         verify: bool = True,
+        device_id: int | None = None,
+        io_binding: bool | None = None,
     ) -> None:
         if intra_op_num_threads is not None and intra_op_num_threads < 1:
             raise ConfigError(f"intra_op_num_threads must be >= 1 or None, got {intra_op_num_threads}")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        names, options = _split_providers(providers)
+        names, options = _split_providers(normalize_providers(providers, device_id))
+        self._device = provider_device(list(zip(names, options, strict=True)))
+        self._io_binding = names[0] in GPU_PROVIDERS if io_binding is None else bool(io_binding)
         if verify:
             assets.verify()
         self.assets = assets
@@ -143,6 +217,16 @@ class OnnxSentimentModel:
         """Execution providers of the session, in priority order."""
         return list(self._session.get_providers())
 
+    @property
+    def device(self) -> str:
+        """Where the session computes: ``"cpu"`` or ``"cuda:N"`` (first provider)."""
+        return self._device
+
+    @property
+    def uses_io_binding(self) -> bool:
+        """Whether :meth:`predict` runs through IO binding."""
+        return self._io_binding
+
     def predict(self, texts: Sequence[str]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         """Score texts, batching by token length internally.
 
@@ -171,10 +255,29 @@ class OnnxSentimentModel:
         embeddings = np.empty((n, self.assets.embedding_dim), dtype=np.float32)
         for padded in self.tokenizer.iter_buckets(tokens, self.batch_size):
             with padded:
-                embedding, score = self._session.run([EMBEDDING_OUTPUT, SCORE_OUTPUT], padded.model_inputs())
+                embedding, score = self._run(padded.model_inputs())
             embeddings[padded.rows] = embedding
             scores[padded.rows] = score.reshape(-1)
         return scores, embeddings
+
+    def _run(self, inputs: Mapping[str, npt.NDArray[np.int64]]) -> list[npt.NDArray[np.float32]]:
+        """One ``(batch, seq_len)`` batch → ``[embedding, score]`` host arrays.
+
+        With IO binding the outputs are allocated by ORT on the session's device
+        and copied to the host after the run; the inputs are copied to the
+        device during ``run_with_iobinding``, so the (pooled) numpy inputs may
+        be reused as soon as this returns.
+        """
+        if not self._io_binding:
+            return list(self._session.run(_OUTPUTS, dict(inputs)))
+        binding = self._session.io_binding()
+        for name, array in inputs.items():
+            binding.bind_cpu_input(name, array)
+        device_type, _, index = self._device.partition(":")
+        for name in _OUTPUTS:
+            binding.bind_output(name, device_type, int(index or 0))
+        self._session.run_with_iobinding(binding)
+        return list(binding.copy_outputs_to_cpu())
 
     def _tokenize(self, texts: Sequence[str]) -> TokenizedBatch:
         """Tokenize, refusing anything but ``str`` (no null or bytes rows reach the model)."""

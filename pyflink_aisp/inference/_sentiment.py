@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from pyflink_aisp.errors import ModelError
 from pyflink_aisp.inference._handler import ModelHandler
-from pyflink_aisp.inference._onnx import OnnxSentimentModel
+from pyflink_aisp.inference._onnx import (
+    ExecutionProvider,
+    OnnxSentimentModel,
+    ProviderSpec,
+    normalize_providers,
+    provider_device,
+)
 from pyflink_aisp.models import ModelAssets
+from pyflink_aisp.models._checksum import verify_sha256
 
 __all__ = ["SentimentHandler", "SentimentPrediction"]
+
+#: The example a new model version must score before it is swapped in.
+_SWAP_CHECK_TEXT = "A gripping, beautifully acted film."
 
 #: ``(score, embedding)``: P(fresh) as a float and a ``(384,)`` float32 L2-normalised embedding.
 SentimentPrediction = tuple[float, npt.NDArray[np.float32]]
@@ -24,20 +37,40 @@ class SentimentHandler(ModelHandler[str, SentimentPrediction, OnnxSentimentModel
         assets: Built model assets; the ONNX file's sha256 is checked at load.
         intra_op_num_threads: ONNX Runtime intra-op threads (None: ORT's default,
             one per physical core).
+        providers: ONNX Runtime execution providers in priority order (default
+            CPU only); a CUDA/TensorRT first provider runs through IO binding.
+            Availability is checked at load, on the worker.
+        device_id: CUDA device of the CUDA/TensorRT providers (None: their
+            ``device_id`` option, else 0).
+
+    Raises:
+        ConfigError: Unknown provider name or a ``device_id`` that does not fit
+            (see :func:`~pyflink_aisp.inference.normalize_providers`).
     """
 
-    def __init__(self, assets: ModelAssets, *, intra_op_num_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        assets: ModelAssets,
+        *,
+        intra_op_num_threads: int | None = None,
+        providers: Sequence[ProviderSpec] = (ExecutionProvider.CPU,),
+        device_id: int | None = None,
+    ) -> None:
         self._assets = assets
         self._threads = intra_op_num_threads
+        self._providers = normalize_providers(providers, device_id)
+        self._device = provider_device(self._providers)
 
     def load_model(self) -> OnnxSentimentModel:
-        """Open one ONNX Runtime session (CPU execution provider).
+        """Open one ONNX Runtime session on the configured providers.
 
         Raises:
-            ModelError: the file is missing or its sha256 differs from the manifest.
+            ModelError: the file is missing, a provider is unavailable or fails
+                to initialise (no fallback to CPU).
+            ChecksumError: the files' sha256 differ from the manifest.
         """
         self._assets.verify()
-        return OnnxSentimentModel(self._assets, intra_op_num_threads=self._threads)
+        return self._open_model(self._assets)
 
     def run_inference(
         self, batch: Sequence[str], model: OnnxSentimentModel
@@ -53,3 +86,47 @@ class SentimentHandler(ModelHandler[str, SentimentPrediction, OnnxSentimentModel
     def model_version(self) -> str:
         """The sha256 of the ONNX file."""
         return self._assets.sha256
+
+    def load_version(self, path: Path, sha256: str) -> OnnxSentimentModel:
+        """Load another ONNX file of the model (hot swap): same tokenizer, inputs and outputs.
+
+        The file is hashed against ``sha256``, opened on this handler's providers,
+        and run on one example: the scores must be finite probabilities and the
+        embedding ``(1, embedding_dim)``.
+
+        Raises:
+            ChecksumError: the file's sha256 is not ``sha256``.
+            ModelError: the file is missing, does not load, or fails the check.
+        """
+        verify_sha256(path, sha256)
+        model = self._open_model(dataclasses.replace(self._assets, onnx_path=Path(path), sha256=sha256))
+        try:
+            scores, embeddings = model.predict([_SWAP_CHECK_TEXT])
+        except Exception as exc:  # ORT raises its own types for a graph with other inputs/outputs
+            raise ModelError(f"model {path} does not run as a sentiment model: {exc}") from exc
+        if embeddings.shape != (1, self._assets.embedding_dim) or not 0.0 <= float(scores[0]) <= 1.0:
+            raise ModelError(f"model {path} returned score {scores!r} / embedding {embeddings.shape}; "
+                             f"expected a probability and (1, {self._assets.embedding_dim})")
+        return model
+
+    # -- devices and providers (kept apart from the hot-swap code) --------------------
+
+    def _open_model(self, assets: ModelAssets) -> OnnxSentimentModel:
+        """A session over ``assets`` (already verified by the caller) with this
+        handler's threads and providers.
+
+        Raises:
+            ModelError: a provider is unavailable or the model cannot be loaded.
+        """
+        return OnnxSentimentModel(
+            assets, intra_op_num_threads=self._threads, providers=self._providers, verify=False
+        )
+
+    @property
+    def providers(self) -> list[str]:
+        """The configured execution provider names, in priority order."""
+        return [name for name, _ in self._providers]
+
+    def device(self) -> str:
+        """``"cuda:N"`` when the first provider is CUDA/TensorRT, else ``"cpu"``."""
+        return self._device
