@@ -157,3 +157,16 @@ def test_metrics_are_gauges_with_units_in_their_names(model_file):
 def test_publish_refuses_a_missing_file(tmp_path):
     with pytest.raises(ModelError):
         publish_model(tmp_path / "p.json", tmp_path / "nope.onnx")
+
+
+def test_aisp_model_publish_writes_the_pointer(tmp_path, capsys):
+    from pyflink_aisp.cli import main
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"not really onnx, but hashed all the same")
+    assert main(["model", "publish", str(tmp_path / "ptr.json"), str(model)]) == 0
+    pointer = read_pointer(tmp_path / "ptr.json")
+    assert pointer.path == model.resolve() and pointer.sha256 == sha256_file(model)
+    assert pointer.sha256 in capsys.readouterr().out
+    assert main(["model", "publish", str(tmp_path / "ptr.json"), str(tmp_path / "missing.onnx")]) == 1
+    assert "does not exist" in capsys.readouterr().err
