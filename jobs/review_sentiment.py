@@ -63,7 +63,7 @@ from pyflink_aisp.kafka import (
     default_bootstrap_servers,
     list_topics,
 )
-from pyflink_aisp.kafka.flink import DECODED_TYPE, DLQ_TAG, DecodeFunction
+from pyflink_aisp.kafka.flink import UndecodableRecord, decode_row
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,8 +231,14 @@ def _to_output(with_embedding: bool) -> Any:
     return emit
 
 
-def _inference_dead_letter(record: Row, error: BaseException) -> Row:
-    """A record whose inference failed (isolated by bisection) or timed out: a DLQ row."""
+def _dead_letter(raw: Row, error: BaseException) -> Row:
+    """A DLQ row for a raw Kafka row ``(value, topic, partition, offset)``: a record that
+    did not decode (its decode dead letter), or whose inference failed (isolated by
+    bisection) or timed out."""
+    if isinstance(error, UndecodableRecord):
+        letter = error.letter
+        return Row(key=letter.source.default_id(), value=letter.to_json(), dead=True)
+    record = decode_row(raw)  # it decoded before, or inference would not have run
     timed_out = isinstance(error, InferenceError) and str(error).startswith("inference_timeout")
     doc = {"reason": "inference_timeout" if timed_out else "inference_error",
            "detail": f"{type(error).__name__}: {error}"[:1000],
@@ -275,26 +281,25 @@ def build_and_run(
     for table in (source, *sinks):
         t_env.execute_sql(table.ddl())
     raw = t_env.to_data_stream(t_env.from_path("reviews_in"))
-    decoded = raw.process(DecodeFunction(), output_type=DECODED_TYPE).name("decode")
+    # Decode inside the async operator: one Python operator, one JVM<->Python hop per record.
     scorer = BatchedInferenceFunction(
         handler or SentimentHandler(assets, intra_op_num_threads=cfg.intra_op_threads or None),
         batching=BatchingConfig(max_batch_size=cfg.max_batch_size, max_wait_ms=cfg.max_wait_ms,
                                 max_batch_tokens=cfg.max_batch_tokens, length_buckets=cfg.length_buckets,
                                 latency_slo_ms=cfg.latency_slo_ms, max_idle_ms=cfg.max_idle_ms),
-        extract=_text, emit=_to_output(cfg.with_embedding), dead_letter=_inference_dead_letter,
+        prepare=decode_row, extract=_text, emit=_to_output(cfg.with_embedding), dead_letter=_dead_letter,
         swap=ModelSwapConfig(pointer_path=cfg.model_pointer.resolve()) if cfg.model_pointer else None,
     )
     wait = AsyncDataStream.ordered_wait if cfg.ordered else AsyncDataStream.unordered_wait
-    scored = wait(decoded, scorer, Time.seconds(cfg.timeout_s), cfg.capacity, SCORED_TYPE)
-    scored = scored.name("tokenize+infer")
+    scored = wait(raw, scorer, Time.seconds(cfg.timeout_s), cfg.capacity, SCORED_TYPE)
+    scored = scored.name("decode+tokenize+infer")
     # Split in the JVM (no extra Python step); one insert per sink: one transactional id prefix each.
     scored_t = t_env.from_data_stream(scored)
     dead = scored_t.where(col("dead")).select(col("key"), col("value"))
-    decode_dead = t_env.from_data_stream(decoded.get_side_output(DLQ_TAG))
     statements = t_env.create_statement_set()
     good = scored_t.where(col("dead") == lit(False)).select(col("key"), col("value"))
     statements.add_insert("scores_out", good)
-    statements.add_insert("dlq_out", decode_dead.union_all(dead))
+    statements.add_insert("dlq_out", dead)
     return statements.execute()
 
 

@@ -44,9 +44,14 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         extract: Record → model example (e.g. the text of a row).
         emit: ``(record, prediction, model_version)`` → output element;
             ``model_version`` is the sha256 of the model that scored it.
-        dead_letter: ``(record, error)`` → output element for a record whose
-            inference failed (after bisection isolated it) or timed out; None:
-            the error fails the job.
+        dead_letter: ``(input, error)`` → output element for an input that
+            ``prepare`` or ``extract`` rejected, whose inference failed (after
+            bisection isolated it) or that timed out; ``input`` is the element as
+            the operator received it. None: the error fails the job.
+        prepare: Input element → record (e.g. decode raw Kafka bytes), run first on
+            the operator's thread; an exception dead-letters the input. None: the
+            input is the record. Decoding here instead of in a separate Python
+            operator saves one JVM↔Python hop and its serialization per record.
         swap: Where to look for new model versions (hot swap); None: never swap.
 
     Metrics: see :mod:`pyflink_aisp.inference._metrics` (group ``aisp``).
@@ -61,6 +66,7 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         emit: Callable[[IN, Any, str], OUT],
         dead_letter: Callable[[IN, BaseException], OUT] | None = None,
         swap: ModelSwapConfig | None = None,
+        prepare: Callable[[IN], Any] | None = None,
     ) -> None:
         self._handler = handler
         self._batching = batching
@@ -68,6 +74,7 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         self._emit = emit
         self._dead_letter = dead_letter
         self._swap = swap
+        self._prepare = prepare
         self._runtime: ModelRuntime | None = None
         self._counts = {"recordsIn": 0, "recordsOut": 0, "deadLetters": 0}
 
@@ -91,11 +98,12 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         start = time.perf_counter()
         self._counts["recordsIn"] += 1
         try:
-            example = self._extract(value)
+            record = value if self._prepare is None else self._prepare(value)
+            example = self._extract(record)
             serde = time.perf_counter() - start
             inferred = await self._runtime.infer(example)
             emitted = time.perf_counter()
-            out = self._emit(value, inferred.prediction, inferred.model_version)
+            out = self._emit(record, inferred.prediction, inferred.model_version)
         except Exception as exc:
             if self._dead_letter is None:
                 raise

@@ -8,9 +8,16 @@ from typing import Any
 from pyflink.common import Row, Types
 from pyflink.datastream import OutputTag, ProcessFunction
 
-from pyflink_aisp.kafka._decode import DeadLetter, DecodeReason, KafkaCoordinates, decode_review
+from pyflink_aisp.errors import DecodeError
+from pyflink_aisp.kafka._decode import (
+    DeadLetter,
+    DecodedRecord,
+    DecodeReason,
+    KafkaCoordinates,
+    decode_review,
+)
 
-__all__ = ["DECODED_TYPE", "DLQ_TAG", "KEY_VALUE_TYPE", "DecodeFunction"]
+__all__ = ["DECODED_TYPE", "DLQ_TAG", "KEY_VALUE_TYPE", "DecodeFunction", "UndecodableRecord", "decode_row"]
 
 #: Rows written to Kafka sinks: ``(key STRING, value STRING)``.
 KEY_VALUE_TYPE = Types.ROW_NAMED(["key", "value"], [Types.STRING(), Types.STRING()])
@@ -24,6 +31,37 @@ DECODED_TYPE = Types.ROW_NAMED(
 DLQ_TAG = OutputTag("dlq", KEY_VALUE_TYPE)
 
 
+class UndecodableRecord(DecodeError):
+    """Raised by :func:`decode_row`; ``letter`` is the record's dead letter."""
+
+    def __init__(self, letter: DeadLetter) -> None:
+        super().__init__(str(letter.reason), letter.detail)
+        self.letter = letter
+
+
+def _decode(value: Row) -> DecodedRecord | DeadLetter:
+    source = KafkaCoordinates(topic=value[1], partition=value[2], offset=value[3])
+    try:
+        return decode_review(value[0], source)
+    except Exception as exc:  # a bug or an input nobody foresaw: a dead letter, not a restart
+        raw = None if value[0] is None else bytes(value[0])
+        return DeadLetter(reason=DecodeReason.DECODE_ERROR,
+                          detail=f"{type(exc).__name__}: {exc}", source=source, value=raw)
+
+
+def decode_row(value: Row) -> Row:
+    """Decode a raw Kafka row ``(value BYTES, topic, partition, offset)`` into a
+    :data:`DECODED_TYPE` row ``(id, text, topic, partition, offset)``.
+
+    Raises:
+        UndecodableRecord: the record is not a review; its ``letter`` says why.
+    """
+    result = _decode(value)
+    if isinstance(result, DeadLetter):
+        raise UndecodableRecord(result)
+    return Row(id=result.id, text=result.text, topic=value[1], partition=value[2], offset=value[3])
+
+
 class DecodeFunction(ProcessFunction):
     """Decodes rows ``(value BYTES, topic, partition, offset)`` from a Kafka source table.
 
@@ -35,16 +73,9 @@ class DecodeFunction(ProcessFunction):
         self._dead = runtime_context.get_metrics_group().add_group("aisp").counter("deadLetters")
 
     def process_element(self, value: Row, ctx: ProcessFunction.Context) -> Iterator[Any]:
-        source = KafkaCoordinates(topic=value[1], partition=value[2], offset=value[3])
-        try:
-            result = decode_review(value[0], source)
-        except Exception as exc:  # a bug or an input nobody foresaw: a dead letter, not a restart
-            raw = None if value[0] is None else bytes(value[0])
-            result = DeadLetter(reason=DecodeReason.DECODE_ERROR,
-                                detail=f"{type(exc).__name__}: {exc}", source=source, value=raw)
+        result = _decode(value)
         if isinstance(result, DeadLetter):
             self._dead.inc()
-            yield DLQ_TAG, Row(key=source.default_id(), value=result.to_json())
+            yield DLQ_TAG, Row(key=result.source.default_id(), value=result.to_json())
         else:
-            yield Row(id=result.id, text=result.text, topic=source.topic, partition=source.partition,
-                      offset=source.offset)
+            yield Row(id=result.id, text=result.text, topic=value[1], partition=value[2], offset=value[3])

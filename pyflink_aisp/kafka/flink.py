@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
-from pyflink_aisp.kafka._decode_fn import DECODED_TYPE, DLQ_TAG, KEY_VALUE_TYPE, DecodeFunction
+from pyflink_aisp.kafka._decode_fn import (
+    DECODED_TYPE,
+    DLQ_TAG,
+    KEY_VALUE_TYPE,
+    DecodeFunction,
+    UndecodableRecord,
+    decode_row,
+)
 
-__all__ = ["DECODED_TYPE", "DLQ_TAG", "KEY_VALUE_TYPE", "DecodeFunction"]
+__all__ = ["DECODED_TYPE", "DLQ_TAG", "KEY_VALUE_TYPE", "DecodeFunction", "UndecodableRecord", "decode_row"]
