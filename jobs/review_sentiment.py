@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -106,6 +107,17 @@ class JobConfig:
             raise ConfigError(f"--intra-op-threads must be >= 0, got {self.intra_op_threads}")
 
 
+def _finite(text: str) -> float:
+    """A float flag: finite numbers only (``nan``/``inf`` would hang or crash later)."""
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from exc
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(b) for b in text.split(",") if b.strip())
@@ -145,16 +157,16 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     # 512 / 50 ms / 2048: the model sorts a batch by length into sub-batches of 64, so a larger
     # batch pads less; on 2 cores the demo ran 1.35x faster than with 64 / 10 ms / 256.
     p.add_argument("--max-batch-size", type=int, default=512)
-    p.add_argument("--max-wait-ms", type=float, default=50.0)
+    p.add_argument("--max-wait-ms", type=_finite, default=50.0)
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help="padded-token budget per model call (rows x longest row); default: none")
     p.add_argument("--length-buckets", type=_int_list, default=(),
                    help="comma-separated token-length bucket bounds, e.g. 16,32,64; default: one bucket")
-    p.add_argument("--latency-slo-ms", type=float, default=None,
+    p.add_argument("--latency-slo-ms", type=_finite, default=None,
                    help="p99 target of the inference operator (queue + compute), in ms: batch size "
                         "and wait are then tuned online within --max-batch-size / --max-wait-ms; "
                         "default: fixed knobs")
-    p.add_argument("--max-idle-ms", type=float, default=2.0,
+    p.add_argument("--max-idle-ms", type=_finite, default=2.0,
                    help="a batch also leaves when no record arrived for this long (PyFlink waits for "
                         "all records in flight at each bundle end); a negative value turns it off")
     p.add_argument("--model-pointer", type=Path, default=None,
@@ -189,7 +201,8 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
         max_idle_ms=a.max_idle_ms if a.max_idle_ms >= 0 else None,
         model_pointer=a.model_pointer, ordered=a.ordered,
         capacity=a.capacity, timeout_s=a.timeout_s, intra_op_threads=a.intra_op_threads,
-        bundle_time_ms=a.bundle_time_ms or _default_bundle_time_ms(a.latency_slo_ms),
+        bundle_time_ms=(a.bundle_time_ms if a.bundle_time_ms is not None
+                        else _default_bundle_time_ms(a.latency_slo_ms)),
         transactional_id_prefix=a.transactional_id_prefix or group_id,
         jars=a.jars,
     )

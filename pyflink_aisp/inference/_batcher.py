@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -146,6 +146,7 @@ class MicroBatcher(Generic[T, R]):
         self._closed = False
         self._idle_wait = False
         self._size_cap = config.max_batch_size
+        self._largest_ok, self._oom_seen = 0, False
         self.controller = (
             SloController(latency_slo_ms=config.latency_slo_ms, max_batch_size=config.max_batch_size,
                           max_wait_ms=config.max_wait_ms)
@@ -197,7 +198,14 @@ class MicroBatcher(Generic[T, R]):
             batch = self._next_batch()
             if batch is None:
                 return
-            self._run(batch)
+            try:
+                self._run(batch)
+            except BaseException as exc:  # SystemExit & co. from a handler: fail the batch, keep serving
+                _log.exception("batch of %d failed outside the model's own errors", len(batch))
+                error = InferenceError(f"the batch failed: {type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+                for pending in batch:
+                    _resolve(pending.future, error)
 
     def _next_batch(self) -> list[_Pending[T, R]] | None:
         """Wait until a batch is ready (or close); returns None when closed."""
@@ -215,22 +223,23 @@ class MicroBatcher(Generic[T, R]):
             closed = InferenceError("the batcher closed before this record was run")
             while self._queue:
                 for pending in self._queue.take():
-                    pending.future.set_exception(closed)
+                    _resolve(pending.future, closed)
             return None
 
     def _run(self, batch: list[_Pending[T, R]]) -> None:
         knobs = self.knobs
         dispatched = self._clock()
         self.stats.add(len(batch))
+        self._largest_ok, self._oom_seen = 0, False
         outcomes = self._run_isolating([p.item for p in batch])
+        if self._oom_seen:  # cap at the largest size that ran: one bad record must not cap at 1
+            self._size_cap = min(self._size_cap, max(self._largest_ok, 1))
+            _log.warning("out of memory on a batch of %d; batches now at most %d", len(batch), self._size_cap)
         done = self._clock()
         failed = 0
         for pending, outcome in zip(batch, outcomes, strict=True):
-            if isinstance(outcome, _Failed):
-                failed += 1
-                pending.future.set_exception(outcome.error)
-            else:
-                pending.future.set_result(outcome)
+            failed += isinstance(outcome, _Failed)
+            _resolve(pending.future, outcome.error if isinstance(outcome, _Failed) else outcome)
         self.stats.failed += failed
         if self.controller is not None:
             self.controller.observe_batch(now_s=done, latencies_s=[done - p.arrived_s for p in batch],
@@ -246,18 +255,17 @@ class MicroBatcher(Generic[T, R]):
 
     def _run_isolating(self, items: list[T]) -> list[R | _Failed]:
         """``run_batch(items)``; when it raises, bisect: run each half again until the
-        failing items are alone, so one poison record fails only itself. An
-        out-of-memory error also caps later batches at half the failed size."""
+        failing items are alone, so one poison record fails only itself. After an
+        out-of-memory error, later batches are capped at the largest size that ran."""
         try:
             results: list[R | _Failed] = list(self._run_batch(items))
         except Exception as exc:
+            oom = is_out_of_memory(exc)
+            self._oom_seen = self._oom_seen or oom
             if len(items) == 1:
                 return [_Failed(exc)]
-            if is_out_of_memory(exc):
+            if oom:
                 self.stats.oom_splits += 1
-                self._size_cap = min(self._size_cap, len(items) // 2)
-                _log.warning("out of memory on a batch of %d; splitting, batches now at most %d",
-                             len(items), self._size_cap)
             else:
                 self.stats.bisections += 1
             mid = len(items) // 2
@@ -265,4 +273,18 @@ class MicroBatcher(Generic[T, R]):
         if len(results) != len(items):
             error = ValueError(f"run_batch returned {len(results)} results for {len(items)} items")
             return [_Failed(error)] * len(items)
+        self._largest_ok = max(self._largest_ok, len(items))
         return results
+
+
+def _resolve(future: Future[R], outcome: R | BaseException) -> None:
+    """Set a future's result or exception, unless its caller cancelled it."""
+    if future.done():
+        return
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except InvalidStateError:  # cancelled between the check and the set
+        pass

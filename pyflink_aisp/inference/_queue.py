@@ -18,6 +18,7 @@ Not thread-safe: one caller (the batcher's event loop) owns it.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -27,6 +28,9 @@ from pyflink_aisp.errors import ConfigError
 __all__ = ["BatchQueue", "BatchingConfig"]
 
 T = TypeVar("T")
+
+#: Longest wait or target accepted, in ms (one hour; a thread's wait must stay finite).
+_MAX_MS = 3_600_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +68,10 @@ class BatchingConfig:
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        for name in ("max_wait_ms", "max_idle_ms", "latency_slo_ms"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value <= _MAX_MS):
+                raise ConfigError(f"{name} must be a finite number of ms up to {_MAX_MS:,}, got {value}")
         if self.max_wait_ms < 0:
             raise ConfigError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
         if self.max_batch_tokens is not None and self.max_batch_tokens < 1:

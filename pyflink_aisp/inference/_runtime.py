@@ -87,6 +87,7 @@ class ModelRuntime:
         self.model_load_ms = (time.perf_counter() - start) * 1000.0
         self.model_version = handler.model_version()
         self._swap = _Swap()
+        self._swap_lock = threading.Lock()
         self._stop = threading.Event()
         self.batch_sizes, self.batch_tokens = Window(), Window()
         self.queue_wait_us, self.compute_us = Window(), Window()
@@ -189,11 +190,23 @@ class ModelRuntime:
                              ("queueWaitUs", self.queue_wait_us), ("computeUs", self.compute_us)):
             register_window(group, name, window)
 
+    def _take_ready(self) -> tuple[Any, str] | None:
+        with self._swap_lock:
+            ready, self._swap.ready = self._swap.ready, None
+        return ready
+
+    def _offer(self, ready: tuple[Any, str] | None) -> None:
+        """Watcher thread: make ``ready`` the next version (None: none); a version
+        loaded earlier but not yet swapped in is released."""
+        with self._swap_lock:
+            stale, self._swap.ready = self._swap.ready, ready
+        if stale is not None:
+            self.handler.release_model(stale[0])
+
     def _run_batch(self, examples: list[Any]) -> list[Inferred]:
         """Batching thread: swap in a ready model version, then run the batch."""
-        ready = self._swap.ready
+        ready = self._take_ready()
         if ready is not None:
-            self._swap.ready = None
             old, self._model = self._model, ready[0]
             previous, self.model_version = self.model_version, ready[1]
             self._swap.swaps += 1
@@ -225,6 +238,7 @@ class ModelRuntime:
             return
         self._swap.seen = pointer
         if pointer.sha256 == self.model_version:
+            self._offer(None)  # rolled back to the serving version before a swap happened
             return
         try:
             model = self.handler.load_version(pointer.path, pointer.sha256)
@@ -234,7 +248,7 @@ class ModelRuntime:
         except Exception as exc:  # a handler's own load error: refuse the version, keep serving
             self._fail(f"refused model {pointer.path} ({pointer.sha256[:12]}): {type(exc).__name__}: {exc}")
             return
-        self._swap.ready = (model, pointer.sha256)
+        self._offer((model, pointer.sha256))
 
     def _fail(self, message: str) -> None:
         if message != self._swap.last_error:

@@ -135,7 +135,7 @@ class SloController:
         load_change: float = 1.5,
         max_age_epochs: int = 30,
     ) -> None:
-        if not latency_slo_ms > 0 or max_batch_size < 1 or max_wait_ms < 0:
+        if not (0 < latency_slo_ms < math.inf) or max_batch_size < 1 or not (0 <= max_wait_ms < math.inf):
             raise ConfigError(
                 f"invalid SLO controller bounds: latency_slo_ms={latency_slo_ms}, "
                 f"max_batch_size={max_batch_size}, max_wait_ms={max_wait_ms}"

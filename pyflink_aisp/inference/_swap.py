@@ -40,8 +40,8 @@ class ModelSwapConfig:
     poll_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
-        if not self.poll_interval_s > 0:
-            raise ConfigError(f"poll_interval_s must be > 0, got {self.poll_interval_s}")
+        if not 0 < self.poll_interval_s <= 86_400:
+            raise ConfigError(f"poll_interval_s must be in (0, 86400] seconds, got {self.poll_interval_s}")
 
 
 @dataclass(frozen=True)
@@ -86,12 +86,25 @@ def publish_model(pointer_path: Path, model_path: Path) -> ModelPointer:
         ModelError: ``model_path`` is not a readable file.
     """
     model_path = model_path.resolve()
-    if not model_path.is_file():
+    if not model_path.exists():
         raise ModelError(f"model file {model_path} does not exist")
+    if not model_path.is_file():
+        raise ModelError(f"model path {model_path} is not a file")
+    if pointer_path.resolve() == model_path:
+        raise ModelError(f"the pointer {pointer_path} would overwrite the model (order: POINTER MODEL)")
+    if pointer_path.is_dir():
+        raise ModelError(f"the pointer {pointer_path} is a directory; give a file name such as model.json")
     pointer = ModelPointer(model_path, sha256_file(model_path))
-    pointer_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".pointer-", dir=pointer_path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump({"path": str(pointer.path), "sha256": pointer.sha256}, fh)
-    os.replace(tmp, pointer_path)
+    try:
+        pointer_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".pointer-", dir=pointer_path.parent)
+    except OSError as exc:
+        raise ModelError(f"cannot write the pointer {pointer_path}: {exc}") from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({"path": str(pointer.path), "sha256": pointer.sha256}, fh)
+        os.replace(tmp, pointer_path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise ModelError(f"cannot write the pointer {pointer_path}: {exc}") from exc
     return pointer

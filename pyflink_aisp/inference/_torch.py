@@ -35,7 +35,7 @@ import numpy.typing as npt
 from pyflink_aisp.errors import ConfigError, ModelError, TokenizeError
 from pyflink_aisp.inference._handler import ModelHandler
 from pyflink_aisp.inference._sentiment import SentimentPrediction
-from pyflink_aisp.models import BertConfig, ModelAssets, locate_source_model, verify_sha256
+from pyflink_aisp.models import BertConfig, ModelAssets, locate_source_model, sha256_file, verify_sha256
 from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizerConfig
 
 __all__ = [
@@ -271,10 +271,12 @@ class TorchSentimentHandler(ModelHandler[str, SentimentPrediction, TorchSentimen
     ``(384,)`` L2-normalised embedding; within 1e-5 of the ONNX handler's.
 
     Model version (:meth:`model_version`): the sha256 of the UTF-8 text
-    ``"pyflink-aisp/torch-sentiment/1\\n<weights sha256>\\n<model.onnx sha256>\\n"``,
-    i.e. of the encoder weights used and of the file the head (and tokenizer
-    recipe) comes from. It is known without loading, and differs from the ONNX
-    handler's version because the two runtimes' outputs differ in the last bits.
+    ``"pyflink-aisp/torch-sentiment/1\\n<weights sha256>\\n<model.onnx sha256>\\n<config.json sha256>\\n"``
+    (the last line only where the creating process can read ``config.json``),
+    i.e. of the encoder weights and shape used and of the file the head (and
+    tokenizer recipe) comes from; the worker re-checks ``config.json`` at load.
+    It is known without loading, and differs from the ONNX handler's version
+    because the two runtimes' outputs differ in the last bits.
     Hot swap (:meth:`load_version`) is not supported: a new version would be a
     new asset directory, so build a new handler.
 
@@ -323,8 +325,21 @@ class TorchSentimentHandler(ModelHandler[str, SentimentPrediction, TorchSentimen
         if not _SHA256_RE.fullmatch(self._weights_sha256):
             raise ConfigError(f"weights_sha256 must be 64 lower-case hex, got {self._weights_sha256!r}")
         self._verify = verify
+        self._config_sha256 = self._config_digest()
         tag = f"{_VERSION_TAG}\n{self._weights_sha256}\n{assets.sha256}\n"
+        if self._config_sha256:  # the encoder's shape comes from config.json: part of the version
+            tag += f"{self._config_sha256}\n"
         self._version = hashlib.sha256(tag.encode("utf-8")).hexdigest()
+
+    def _config_digest(self) -> str | None:
+        """sha256 of the encoder's ``config.json`` where this process can read it, else None
+        (then the worker checks only the weights)."""
+        try:
+            directory = self._weights_dir or locate_source_model().directory
+        except ModelError:
+            return None
+        path = directory / _CONFIG_FILE
+        return sha256_file(path) if path.is_file() else None
 
     def load_model(self) -> TorchSentimentModel:
         """Check the device and files, then build the encoder on the device.
@@ -348,6 +363,9 @@ class TorchSentimentHandler(ModelHandler[str, SentimentPrediction, TorchSentimen
             self._weights_sha256,
             hint="these are not the weights the assets were built from",
         )
+        if self._config_sha256 is not None:
+            verify_sha256(weights_dir / _CONFIG_FILE, self._config_sha256,
+                          hint="config.json changed since the handler was created")
         coef, intercept = read_head(self._assets.onnx_path, self._assets.embedding_dim)
         tokenizer = ArrowTokenizer.from_file(
             self._assets.tokenizer_path, TokenizerConfig(max_length=self._assets.max_length)

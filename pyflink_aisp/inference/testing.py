@@ -274,7 +274,8 @@ def _compare(expected: Any, actual: Any, atol: float) -> tuple[float, str | None
         nan_a, nan_b = np.isnan(a), np.isnan(b)
         if (nan_a != nan_b).any():
             return math.inf, "NaN in one output only"
-        diff = float(np.max(np.where(nan_a, 0.0, np.abs(a - b))))
+        same = (a == b) | nan_a  # equal infinities are equal; inf - inf would be NaN
+        diff = float(np.max(np.where(same, 0.0, np.abs(a - b))))
         return diff, None if diff <= atol else f"max abs difference {diff:.3g} > atol {atol:.3g}"
     if isinstance(expected, Mapping) and isinstance(actual, Mapping):
         if set(expected) != set(actual):
@@ -286,6 +287,9 @@ def _compare(expected: Any, actual: Any, atol: float) -> tuple[float, str | None
         return _compare_items(
             [(x, y, f"[{i}]") for i, (x, y) in enumerate(zip(expected, actual, strict=True))], atol
         )
+    if isinstance(expected, np.ndarray) or isinstance(actual, np.ndarray):  # bool, str, object arrays
+        equal_arrays = np.shape(expected) == np.shape(actual) and bool(np.array_equal(expected, actual))
+        return 0.0, None if equal_arrays else f"{_short(expected)} != {_short(actual)}"
     try:
         equal = bool(expected == actual)
     except Exception as exc:  # == of arbitrary user objects

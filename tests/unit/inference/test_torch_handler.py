@@ -101,7 +101,8 @@ def test_model_version_is_documented_digest(
     model_assets: ModelAssets, handler: TorchSentimentHandler
 ) -> None:
     weights_sha = sha256_file(locate_source_model().weights_path)
-    tag = f"pyflink-aisp/torch-sentiment/1\n{weights_sha}\n{model_assets.sha256}\n"
+    config_sha = sha256_file(locate_source_model().directory / "config.json")
+    tag = f"pyflink-aisp/torch-sentiment/1\n{weights_sha}\n{model_assets.sha256}\n{config_sha}\n"
     assert handler.model_version() == hashlib.sha256(tag.encode()).hexdigest()
     assert handler.model_version() != model_assets.sha256
     other = TorchSentimentHandler(model_assets, weights_sha256="0" * 64)

@@ -1,0 +1,88 @@
+"""Edge cases found by breaking: model hot swap and `aisp model publish` (no services)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from pyflink_aisp.errors import ConfigError, ModelError
+from pyflink_aisp.inference import BatchingConfig, ModelHandler, ModelRuntime, ModelSwapConfig, publish_model
+
+
+class VersionedHandler(ModelHandler[str, str, str]):
+    """The 'model' is the file's sha256; a prediction is that sha."""
+
+    def __init__(self, default: Path) -> None:
+        self._default = default
+
+    def load_model(self) -> str:
+        return hashlib.sha256(self._default.read_bytes()).hexdigest()
+
+    def model_version(self) -> str:
+        return hashlib.sha256(self._default.read_bytes()).hexdigest()
+
+    def load_version(self, path: Path, sha256: str) -> str:
+        assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == sha256
+        return sha256
+
+    def run_inference(self, batch, model):  # type: ignore[no-untyped-def]
+        return [model for _ in batch]
+
+
+def test_pointer_reverted_before_next_batch_keeps_old_version(tmp_path: Path) -> None:
+    """Publish B, then (no record in between, e.g. an idle stream) publish A back:
+    the pointer says A, but B (left in `ready`) is swapped in at the next batch."""
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    a.write_bytes(b"model A")
+    b.write_bytes(b"model B")
+    pointer = tmp_path / "model.json"
+    runtime = ModelRuntime.acquire(VersionedHandler(a), BatchingConfig(max_batch_size=4, max_wait_ms=1),
+                                   swap=ModelSwapConfig(pointer_path=pointer, poll_interval_s=0.05))
+    try:
+        version_a = runtime.model_version
+        publish_model(pointer, b)
+        time.sleep(0.4)  # watcher loads B; no batch runs, so B is not swapped in yet
+        publish_model(pointer, a)  # operator rolls back
+        time.sleep(0.4)
+        result = runtime.submit("x").result(timeout=5)
+        assert result.model_version == version_a, "served B although the pointer names A"
+    finally:
+        runtime.release()
+
+
+def test_publish_pointer_onto_the_model_file_is_refused(tmp_path: Path) -> None:
+    """`aisp model publish m.onnx m.onnx` (arguments swapped/typo) overwrites the
+    model with the pointer JSON and exits 0."""
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"\x08\x07onnx bytes")
+    with pytest.raises(ModelError):
+        publish_model(model, model)
+    assert model.read_bytes() == b"\x08\x07onnx bytes"
+
+
+@pytest.mark.parametrize("kind", ["directory", "missing_parent_under_proc"])
+def test_cli_publish_bad_pointer_path_is_one_line_error(tmp_path: Path, kind: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A pointer path that is a directory (IsADirectoryError) or cannot be created
+    (FileNotFoundError/PermissionError) gives a Python traceback instead of
+    `aisp: error: ...` / exit 1; the directory case also leaves a .pointer-* temp file."""
+    from pyflink_aisp.cli import main
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"x")
+    pointer = tmp_path / "ptr" if kind == "directory" else Path("/proc/aisp-nope/p.json")
+    if kind == "directory":
+        pointer.mkdir()
+    assert main(["model", "publish", str(pointer), str(model)]) == 1
+    assert "aisp: error:" in capsys.readouterr().err
+    assert not list(tmp_path.glob(".pointer-*")), "temporary pointer file left behind"
+
+
+def test_poll_interval_inf_is_refused() -> None:
+    """poll_interval_s=inf (aisp.model.poll-interval-s=inf) passes validation; the
+    watcher thread then dies with OverflowError in Event.wait and hot swap stops silently."""
+    with pytest.raises(ConfigError):
+        ModelSwapConfig(pointer_path=Path("/tmp/p.json"), poll_interval_s=math.inf)
