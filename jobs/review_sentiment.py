@@ -97,14 +97,28 @@ class JobConfig:
     transactional_id_prefix: str
     jars: str | None
 
+    def batching(self) -> BatchingConfig:
+        """The inference operator's batching (raises ConfigError for bad flags)."""
+        return _batching_of(self)
+
     def __post_init__(self) -> None:
         for name in ("capacity", "timeout_s", "bundle_time_ms", "checkpoint_interval_ms", "parallelism"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.latency_slo_ms is not None and not self.latency_slo_ms > 0:
             raise ConfigError(f"--latency-slo-ms must be > 0, got {self.latency_slo_ms}")
+        self.batching()  # validate the batching flags before any JVM or broker is touched
+        if self.capacity < self.max_batch_size:
+            raise ConfigError(f"--capacity ({self.capacity}) must be >= --max-batch-size "
+                              f"({self.max_batch_size}): records in flight cap the batch")
         if self.intra_op_threads < 0:
             raise ConfigError(f"--intra-op-threads must be >= 0, got {self.intra_op_threads}")
+
+
+def _batching_of(cfg: JobConfig) -> BatchingConfig:
+    return BatchingConfig(max_batch_size=cfg.max_batch_size, max_wait_ms=cfg.max_wait_ms,
+                          max_batch_tokens=cfg.max_batch_tokens, length_buckets=cfg.length_buckets,
+                          latency_slo_ms=cfg.latency_slo_ms, max_idle_ms=cfg.max_idle_ms)
 
 
 def _finite(text: str) -> float:
@@ -299,9 +313,7 @@ def build_and_run(
     # Decode inside the async operator: one Python operator, one JVM<->Python hop per record.
     scorer = BatchedInferenceFunction(
         handler or SentimentHandler(assets, intra_op_num_threads=cfg.intra_op_threads or None),
-        batching=BatchingConfig(max_batch_size=cfg.max_batch_size, max_wait_ms=cfg.max_wait_ms,
-                                max_batch_tokens=cfg.max_batch_tokens, length_buckets=cfg.length_buckets,
-                                latency_slo_ms=cfg.latency_slo_ms, max_idle_ms=cfg.max_idle_ms),
+        batching=cfg.batching(),
         prepare=decode_row, extract=_text, emit=_to_output(cfg.with_embedding), dead_letter=_dead_letter,
         swap=ModelSwapConfig(pointer_path=cfg.model_pointer.resolve()) if cfg.model_pointer else None,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -86,3 +87,18 @@ def test_python_worker_settings_with_infinite_slo() -> None:
     except ConfigError:
         return
     python_worker_settings(batching)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-batch-size", "0"], "max_batch_size must be >= 1"),
+        (["--length-buckets", "32,16"], "length_buckets"),
+        (["--max-batch-tokens", "0"], "max_batch_tokens"),
+        (["--capacity", "4"], "--capacity (4) must be >= --max-batch-size (512)"),
+    ],
+)
+def test_batching_flags_are_checked_before_any_service_is_touched(flags, message):
+    # the broker address is unreachable: a Kafka error here would mean the check came too late
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _job().parse_args([*BASE, *flags])
