@@ -10,6 +10,8 @@
 -- project root, with the venv's Python for the client and the workers:
 --
 --   PYFLINK=$(.venv/bin/python -c 'import pyflink, os; print(os.path.dirname(pyflink.__file__))')
+--   # once: the wheel's sql-client.sh needs the SQL gateway jar, which the PyFlink wheel does not ship
+--   mvn -q dependency:copy -Dartifact=org.apache.flink:flink-sql-gateway:2.3.0 -DoutputDirectory=$PYFLINK/opt
 --   FLINK_CONF_DIR=.aisp/local/flink/conf $PYFLINK/bin/sql-client.sh \
 --     -j .aisp/jars/flink/flink-sql-connector-kafka-5.0.0-2.2.jar -j $PYFLINK/opt/flink-python-2.3.0.jar \
 --     -pyexec "$PWD/.venv/bin/python" -pyclientexec "$PWD/.venv/bin/python" \

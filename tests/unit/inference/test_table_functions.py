@@ -240,8 +240,9 @@ def test_worker_settings_for_the_default_batching() -> None:
 @pytest.mark.parametrize(
     ("batching", "bundle_time"),
     [
-        (BatchingConfig(max_batch_size=256, latency_slo_ms=150.0), "37"),
-        (BatchingConfig(max_batch_size=1, latency_slo_ms=2.0), "1"),
+        (BatchingConfig(max_batch_size=256, latency_slo_ms=150.0), "10"),
+        (BatchingConfig(max_batch_size=1, latency_slo_ms=2.0), "5"),
+        (BatchingConfig(max_batch_size=64, latency_slo_ms=3000.0), "50"),
         (BatchingConfig(max_batch_size=512, max_wait_ms=50.0), "50"),
     ],
 )
