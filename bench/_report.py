@@ -18,6 +18,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from _markdown import replace_section
+
 __all__ = ["machine", "settings", "write_all"]
 
 SECTION = "## Inference"
@@ -293,16 +295,6 @@ def _plot_cdf(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _write_section(path: Path, section: str) -> None:
-    """Replace (or append) the ``## Inference`` section, keeping the others."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    start = text.find(SECTION + "\n")
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
-    path.write_text(text)
 
 
 def write_all(results: dict[str, Any], out_dir: Path) -> None:
@@ -316,4 +308,4 @@ def write_all(results: dict[str, Any], out_dir: Path) -> None:
         _plot_sweep(results, out_dir / SWEEP_PNG)
     if results["latency"]:
         _plot_cdf(results, out_dir / CDF_PNG)
-    _write_section(out_dir / "REPORT.md", render(results))
+    replace_section(out_dir / "REPORT.md", SECTION, render(results))

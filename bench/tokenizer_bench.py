@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _markdown import replace_section
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LENGTH = 128
@@ -309,16 +310,6 @@ def render(
     return "\n".join(lines)
 
 
-def write_report(path: Path, section: str) -> None:
-    """Replace (or append) the ``## Tokenizer`` section, keeping the others."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    start = text.find(SECTION + "\n")
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
-    path.write_text(text)
 
 
 def main() -> None:
@@ -338,7 +329,7 @@ def main() -> None:
     memory = measure_memory(list(timings[min(sizes)]))
     section = render(len(texts), timings, stages, memory, args.rounds)
     print(section)
-    write_report(args.report, section)
+    replace_section(args.report, SECTION, section)
 
 
 if __name__ == "__main__":
