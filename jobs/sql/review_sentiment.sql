@@ -1,7 +1,7 @@
 -- Review sentiment in Flink SQL: Kafka (JSON reviews) -> sentiment(text) -> Kafka, exactly once.
 --
 -- The SQL version of jobs/review_sentiment.py. Reads {"id", "text", ...} from topic `reviews`,
--- scores each text with the batched `sentiment` Python function (pyflink_aisp.inference.sql,
+-- scores each text with the batched `sentiment` Python function (pyflink_aisp.pipeline.sql,
 -- one ONNX Runtime model per Python worker) and writes {"id", "label", "score", "model_sha256"}
 -- to `scores-sql`, keyed by id; rows without a text (absent, null or not a string) and rows
 -- whose inference failed go to `scores-sql.dlq` with the reason and their Kafka coordinates.
@@ -31,17 +31,17 @@ SET 'execution.checkpointing.interval' = '5 s';
 SET 'parallelism.default' = '1';
 
 -- What the function loads and how it batches (global job parameters, read in the Python worker;
--- all optional): the model (default: the cached build), batches of up to 64 texts waiting at
--- most 5 ms, ONNX Runtime's default threads, no p99 target. See pyflink_aisp/inference/sql.py.
+-- all optional, names and defaults in the README's options table): the model (default: the cached
+-- build), batches of up to 64 texts waiting at most 5 ms, ONNX Runtime's default threads, no p99 target.
 SET 'pipeline.global-job-parameters' = '{"aisp.batch.max-size": "64", "aisp.batch.max-wait-ms": "5"}';
 
--- python_worker_settings(BatchingConfig(max_batch_size=64)) from pyflink_aisp.inference.sql:
--- results leave the Python worker when a bundle ends (50 ms = a quarter of a 200 ms budget);
+-- pyflink_aisp.pipeline.flink_settings(PipelineOptions(max_batch_size=64, max_wait_ms=5)), as a test
+-- checks: results leave the Python worker when a bundle ends (50 ms without a latency target);
 -- the async function keeps at most 2 x 64 rows in flight (its default of 10 caps batches at 10);
--- a pandas variant would get Arrow batches of 64 rows.
+-- the pandas variant gets Arrow batches of up to 1024 rows, cut into model batches of 64.
 SET 'python.fn-execution.bundle.time' = '50';
-SET 'python.fn-execution.bundle.size' = '1000';
-SET 'python.fn-execution.arrow.batch.size' = '64';
+SET 'python.fn-execution.bundle.size' = '1024';
+SET 'python.fn-execution.arrow.batch.size' = '1024';
 SET 'table.exec.async-scalar.max-concurrent-operations' = '128';
 SET 'table.exec.async-scalar.timeout' = '600000 ms';
 SET 'table.exec.async-scalar.retry-strategy' = 'NO_RETRY';
@@ -85,7 +85,7 @@ CREATE TEMPORARY TABLE outputs (
   'properties.transaction.timeout.ms' = '600000'
 );
 
-CREATE TEMPORARY SYSTEM FUNCTION sentiment AS 'pyflink_aisp.inference.sql.sentiment' LANGUAGE PYTHON;
+CREATE TEMPORARY SYSTEM FUNCTION sentiment AS 'pyflink_aisp.pipeline.sql.sentiment' LANGUAGE PYTHON;
 
 INSERT INTO outputs
 SELECT
@@ -95,11 +95,13 @@ SELECT
     WHEN s.score IS NOT NULL THEN JSON_OBJECT(
       KEY 'id' VALUE `id`, KEY 'label' VALUE s.label, KEY 'score' VALUE s.score,
       KEY 'model_sha256' VALUE s.model_sha256)
+    -- else the pipeline's dead letter (README "Dead letters"); raw values are not kept here
     ELSE JSON_OBJECT(
-      KEY 'reason' VALUE CASE WHEN `text` IS NULL THEN 'missing_text' ELSE 'inference_error' END,
-      KEY 'detail' VALUE COALESCE(s.error, 'no string "text" field'),
+      KEY 'reason' VALUE COALESCE(s.reason, 'missing_text'),
+      KEY 'detail' VALUE COALESCE(s.detail, 'no string "text" field'),
       KEY 'id' VALUE `id`, KEY 'topic' VALUE in_topic, KEY 'partition' VALUE `partition`,
-      KEY 'offset' VALUE `offset`)
+      KEY 'offset' VALUE `offset`, KEY 'value_base64' VALUE CAST(NULL AS STRING),
+      KEY 'value_size_bytes' VALUE CAST(NULL AS INT), KEY 'value_truncated' VALUE FALSE)
   END
 FROM (
   SELECT `id`, `text`, `topic` AS in_topic, `partition`, `offset`, sentiment(`text`) AS s

@@ -1,25 +1,32 @@
-"""Model inference: ModelHandler plug-in, shared batcher, SLO controller, PyFlink operators.
+"""Model inference without PyFlink: ModelHandler plug-in, shared batcher, SLO controller, runtime.
 
-Public API: :class:`ModelHandler`; batching: :class:`BatchingConfig`,
+Importing this package does not import PyFlink (a Beam or plain-Python user
+can use the handlers and the runtime); the Flink operators and SQL functions
+that use it live in :mod:`pyflink_aisp.pipeline`.
+
+Public API: :class:`ModelHandler` (with the batch-path :class:`Prepared`); batching: :class:`BatchingConfig`,
 :class:`BatchQueue`, :class:`MicroBatcher`, :class:`BatchStats`,
 :class:`BatchReport`, :func:`is_out_of_memory`; the SLO controller:
 :class:`SloController`, :class:`Knobs`, :class:`ParetoPoint`; the per-worker
 runtime: :class:`ModelRuntime`, :class:`Inferred`; hot swap:
 :class:`ModelSwapConfig`, :class:`ModelPointer`, :func:`publish_model`,
-:func:`read_pointer`; the DataStream operator :class:`BatchedInferenceFunction`;
-the sentiment model: :class:`SentimentHandler`, :data:`SentimentPrediction`,
+:func:`read_pointer`; the sentiment model: :class:`SentimentHandler`, :data:`SentimentPrediction`,
 :class:`OnnxSentimentModel`, :class:`ExecutionProvider`, :data:`ProviderSpec`,
-:func:`normalize_providers`, :func:`provider_device`; the PyTorch handler
+:func:`normalize_providers`, :func:`provider_device`; generic text encoders
+(any ONNX graph or HF safetensors checkpoint with a ``tokenizer.json``):
+:class:`OnnxEncoderHandler`, :class:`TorchEncoderHandler`, :class:`Pooling`,
+:class:`TokenField`; the PyTorch handler
 :class:`TorchSentimentHandler` / :class:`TorchSentimentModel` (``torch`` extra,
-imported only when a model loads), :func:`parse_torch_device`. The SQL
-functions live in :mod:`pyflink_aisp.inference.sql`; the handler contract test
-in :mod:`pyflink_aisp.inference.testing`.
+imported only when a model loads), :func:`parse_torch_device`. The handler
+contract test is in :mod:`pyflink_aisp.inference.testing`.
 """
 
 from __future__ import annotations
 
 from pyflink_aisp.inference._batcher import BatchReport, BatchStats, MicroBatcher, is_out_of_memory
-from pyflink_aisp.inference._handler import ModelHandler
+from pyflink_aisp.inference._encoder import OnnxEncoderHandler, OnnxEncoderModel
+from pyflink_aisp.inference._encoder_common import Pooling, TokenField
+from pyflink_aisp.inference._handler import ModelHandler, Prepared
 from pyflink_aisp.inference._onnx import (
     ExecutionProvider,
     OnnxSentimentModel,
@@ -27,19 +34,18 @@ from pyflink_aisp.inference._onnx import (
     normalize_providers,
     provider_device,
 )
-from pyflink_aisp.inference._operator import BatchedInferenceFunction
 from pyflink_aisp.inference._queue import BatchingConfig, BatchQueue
 from pyflink_aisp.inference._runtime import Inferred, ModelRuntime
 from pyflink_aisp.inference._sentiment import SentimentHandler, SentimentPrediction
 from pyflink_aisp.inference._slo import Knobs, ParetoPoint, SloController
 from pyflink_aisp.inference._swap import ModelPointer, ModelSwapConfig, publish_model, read_pointer
 from pyflink_aisp.inference._torch import TorchSentimentHandler, TorchSentimentModel, parse_torch_device
+from pyflink_aisp.inference._torch_encoder import TorchEncoderHandler, TorchEncoderModel
 
 __all__ = [
     "BatchQueue",
     "BatchReport",
     "BatchStats",
-    "BatchedInferenceFunction",
     "BatchingConfig",
     "ExecutionProvider",
     "Inferred",
@@ -49,12 +55,19 @@ __all__ = [
     "ModelPointer",
     "ModelRuntime",
     "ModelSwapConfig",
+    "OnnxEncoderHandler",
+    "OnnxEncoderModel",
     "OnnxSentimentModel",
     "ParetoPoint",
+    "Pooling",
+    "Prepared",
     "ProviderSpec",
     "SentimentHandler",
     "SentimentPrediction",
     "SloController",
+    "TokenField",
+    "TorchEncoderHandler",
+    "TorchEncoderModel",
     "TorchSentimentHandler",
     "TorchSentimentModel",
     "is_out_of_memory",

@@ -11,6 +11,12 @@ batch leaves as soon as the queue says one is ready (a full length bucket, or
 the oldest record waited ``max_wait_ms``); while it computes, records
 accumulate and the next batch leaves when it is free.
 
+Whole batches arrive through :meth:`MicroBatcher.submit_chunk` (the batch path:
+one future per submitted batch, no per-record object): the same thread cuts
+them into model batches with a :class:`~pyflink_aisp.inference._chunks.ChunkQueue`
+(sorted by length, within the batch size, token budget and length buckets in
+force) and calls ``run_rows``. When both kinds wait, the older goes first.
+
 With ``latency_slo_ms`` set, an :class:`~pyflink_aisp.inference.SloController`
 sees every batch and moves the batch size and wait between batches.
 
@@ -32,9 +38,13 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from pyflink_aisp.errors import InferenceError
+import numpy as np
+import numpy.typing as npt
+
+from pyflink_aisp.errors import ConfigError, InferenceError
+from pyflink_aisp.inference._chunks import Chunk, ChunkQueue
 from pyflink_aisp.inference._queue import BatchingConfig, BatchQueue
 from pyflink_aisp.inference._slo import Knobs, SloController
 
@@ -126,6 +136,9 @@ class MicroBatcher(Generic[T, R]):
         clock: Monotonic seconds (injected in tests).
         on_batch: Called after each batch with its :class:`BatchReport`.
         name: Name of the batching thread.
+        run_rows: The batch path's model function: ``(payload, rows)`` → one
+            result per row of ``rows`` (``(k,)`` indices into the submitted
+            chunk), in order; None: :meth:`submit_chunk` is refused.
     """
 
     def __init__(
@@ -136,8 +149,11 @@ class MicroBatcher(Generic[T, R]):
         clock: Callable[[], float] = time.monotonic,
         on_batch: Callable[[BatchReport], None] | None = None,
         name: str = "aisp-batcher",
+        run_rows: Callable[[Any, npt.NDArray[np.intp]], Sequence[R]] | None = None,
     ) -> None:
         self._run_batch = run_batch
+        self._run_rows = run_rows
+        self._chunks = ChunkQueue(config.length_buckets, config.max_batch_tokens)
         self._config = config
         self._clock = clock
         self._on_batch = on_batch
@@ -180,6 +196,32 @@ class MicroBatcher(Generic[T, R]):
                 self._cond.notify()
         return future
 
+    def submit_chunk(self, payload: Any, lengths: npt.NDArray[np.int64]) -> Future[list[R | BaseException]]:
+        """Queue a whole batch of ``n = len(lengths)`` rows (the batch path).
+
+        Args:
+            payload: Passed to ``run_rows`` with the rows of each model batch.
+            lengths: ``(n,)`` int64 tokens per row (sorting, budget, buckets).
+
+        Returns:
+            A future of ``n`` outcomes in row order: ``run_rows``'s result for
+            the row, or the exception its model call raised for it alone.
+
+        Raises:
+            ConfigError: No ``run_rows`` was given.
+            InferenceError: The batcher is closed.
+        """
+        if self._run_rows is None:
+            raise ConfigError("this batcher has no run_rows function: submit_chunk is not available")
+        with self._cond:
+            if self._closed:
+                raise InferenceError("the batcher is closed")
+            chunk = Chunk(payload, np.asarray(lengths, dtype=np.int64), self._clock())
+            self._chunks.put(chunk)
+            if self._idle_wait:
+                self._cond.notify()
+        return chunk.future
+
     async def submit_async(self, item: T, tokens: int = 1) -> R:
         """:meth:`submit` awaited on the running event loop."""
         return await asyncio.wrap_future(self.submit(item, tokens))
@@ -199,23 +241,36 @@ class MicroBatcher(Generic[T, R]):
             if batch is None:
                 return
             try:
-                self._run(batch)
+                if isinstance(batch, tuple):
+                    self._run_chunk(*batch)
+                else:
+                    self._run(batch)
             except BaseException as exc:  # SystemExit & co. from a handler: fail the batch, keep serving
-                _log.exception("batch of %d failed outside the model's own errors", len(batch))
+                _log.exception("batch failed outside the model's own errors")
                 error = InferenceError(f"the batch failed: {type(exc).__name__}: {exc}")
                 error.__cause__ = exc
-                for pending in batch:
-                    _resolve(pending.future, error)
+                if isinstance(batch, tuple):
+                    if batch[0].record(batch[1], [error] * len(batch[1])):
+                        _resolve(batch[0].future, batch[0].outcomes)
+                else:
+                    for pending in batch:
+                        _resolve(pending.future, error)
 
-    def _next_batch(self) -> list[_Pending[T, R]] | None:
-        """Wait until a batch is ready (or close); returns None when closed."""
+    def _next_batch(self) -> list[_Pending[T, R]] | tuple[Chunk, npt.NDArray[np.intp]] | None:
+        """Wait until a batch is ready (or close): records, or ``(chunk, rows)``;
+        None when closed."""
         with self._cond:
             while not self._closed:
                 knobs = self.knobs
                 self._queue.set_limits(max_batch_size=knobs.max_batch_size, max_wait_ms=knobs.max_wait_ms)
                 now = self._clock()
-                if self._queue.ready(now):
+                chunk_s = self._chunks.oldest_arrival_s()
+                record_s = self._queue.oldest_arrival_s()
+                records_first = chunk_s is None or (record_s is not None and record_s <= chunk_s)
+                if self._queue.ready(now) and records_first:
                     return self._queue.take()
+                if chunk_s is not None:
+                    return self._chunks.take(knobs.max_batch_size)
                 deadline = self._queue.deadline_s()
                 self._idle_wait = True
                 self._cond.wait(None if deadline is None else max(deadline - now, 0.0))
@@ -224,41 +279,82 @@ class MicroBatcher(Generic[T, R]):
             while self._queue:
                 for pending in self._queue.take():
                     _resolve(pending.future, closed)
+            for chunk in self._chunks.drain():
+                rest = chunk.order[chunk.cursor:]
+                chunk.record(rest, [closed] * len(rest))
+                _resolve(chunk.future, chunk.outcomes)
             return None
+
+    def _run_chunk(self, chunk: Chunk, rows: npt.NDArray[np.intp]) -> None:
+        """One model batch of a chunk: run (bisecting failures), record, report."""
+        assert self._run_rows is not None  # submit_chunk refuses chunks without it
+        run_rows = self._run_rows
+        knobs = self.knobs
+        dispatched = self._clock()
+        self.stats.add(len(rows))
+        self._largest_ok, self._oom_seen = 0, False
+        outcomes = self._run_isolating(rows, lambda part: run_rows(chunk.payload, part))
+        self._cap_after_oom(len(rows))
+        done = self._clock()
+        failed = 0
+        results: list[Any] = []
+        for outcome in outcomes:
+            if isinstance(outcome, _Failed):
+                failed += 1
+                results.append(outcome.error)
+            else:
+                results.append(outcome)
+        self.stats.failed += failed
+        if chunk.record(rows, results):
+            _resolve(chunk.future, chunk.outcomes)
+        waited = dispatched - chunk.arrived_s
+        self._report(size=len(rows), padded_tokens=len(rows) * int(chunk.lengths[rows].max()),
+                     queue_wait_s=(waited,) * len(rows), latencies_s=[done - chunk.arrived_s] * len(rows),
+                     dispatched=dispatched, done=done, failed=failed, knobs=knobs)
 
     def _run(self, batch: list[_Pending[T, R]]) -> None:
         knobs = self.knobs
         dispatched = self._clock()
         self.stats.add(len(batch))
         self._largest_ok, self._oom_seen = 0, False
-        outcomes = self._run_isolating([p.item for p in batch])
-        if self._oom_seen:  # cap at the largest size that ran: one bad record must not cap at 1
-            self._size_cap = min(self._size_cap, max(self._largest_ok, 1))
-            _log.warning("out of memory on a batch of %d; batches now at most %d", len(batch), self._size_cap)
+        outcomes = self._run_isolating([p.item for p in batch], self._run_batch)
+        self._cap_after_oom(len(batch))
         done = self._clock()
         failed = 0
         for pending, outcome in zip(batch, outcomes, strict=True):
             failed += isinstance(outcome, _Failed)
             _resolve(pending.future, outcome.error if isinstance(outcome, _Failed) else outcome)
         self.stats.failed += failed
+        self._report(size=len(batch), padded_tokens=len(batch) * max(p.tokens for p in batch),
+                     queue_wait_s=tuple(dispatched - p.arrived_s for p in batch),
+                     latencies_s=[done - p.arrived_s for p in batch],
+                     dispatched=dispatched, done=done, failed=failed, knobs=knobs)
+
+    def _cap_after_oom(self, size: int) -> None:
+        """After an OOM, cap batches at the largest size that ran: one bad record must not cap at 1."""
+        if self._oom_seen:
+            self._size_cap = min(self._size_cap, max(self._largest_ok, 1))
+            _log.warning("out of memory on a batch of %d; batches now at most %d", size, self._size_cap)
+
+    def _report(self, *, size: int, padded_tokens: int, queue_wait_s: tuple[float, ...],
+                latencies_s: list[float], dispatched: float, done: float, failed: int, knobs: Knobs) -> None:
+        """Feed the SLO controller and the ``on_batch`` callback."""
         if self.controller is not None:
-            self.controller.observe_batch(now_s=done, latencies_s=[done - p.arrived_s for p in batch],
-                                          compute_s=done - dispatched)
+            self.controller.observe_batch(now_s=done, latencies_s=latencies_s, compute_s=done - dispatched)
         if self._on_batch is not None:
-            report = BatchReport(len(batch), len(batch) * max(p.tokens for p in batch),
-                                 tuple(dispatched - p.arrived_s for p in batch), done - dispatched,
-                                 failed, knobs)
+            report = BatchReport(size, padded_tokens, queue_wait_s, done - dispatched, failed, knobs)
             try:
                 self._on_batch(report)
             except Exception:  # metrics must never fail inference
                 _log.exception("on_batch callback failed")
 
-    def _run_isolating(self, items: list[T]) -> list[R | _Failed]:
-        """``run_batch(items)``; when it raises, bisect: run each half again until the
+    def _run_isolating(self, items: Any, call: Callable[[Any], Sequence[R]]) -> list[R | _Failed]:
+        """``call(items)``; when it raises, bisect: run each half again until the
         failing items are alone, so one poison record fails only itself. After an
-        out-of-memory error, later batches are capped at the largest size that ran."""
+        out-of-memory error, later batches are capped at the largest size that ran.
+        ``items`` is a list of records or a ``(k,)`` array of chunk rows."""
         try:
-            results: list[R | _Failed] = list(self._run_batch(items))
+            results: list[R | _Failed] = list(call(items))
         except Exception as exc:
             oom = is_out_of_memory(exc)
             self._oom_seen = self._oom_seen or oom
@@ -269,7 +365,7 @@ class MicroBatcher(Generic[T, R]):
             else:
                 self.stats.bisections += 1
             mid = len(items) // 2
-            return self._run_isolating(items[:mid]) + self._run_isolating(items[mid:])
+            return self._run_isolating(items[:mid], call) + self._run_isolating(items[mid:], call)
         if len(results) != len(items):
             error = ValueError(f"run_batch returned {len(results)} results for {len(items)} items")
             return [_Failed(error)] * len(items)

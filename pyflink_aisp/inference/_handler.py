@@ -10,22 +10,59 @@ The two abstract methods are Beam's shape (``apache_beam.ml.inference.base.
 ModelHandler``); the hooks below have defaults, so a minimal handler is two
 methods. :func:`pyflink_aisp.inference.testing.check_model_handler` is a
 contract test any handler can run.
+
+The batch path (:meth:`pyflink_aisp.inference.ModelRuntime.infer_batch`, used by
+the Arrow operators) calls two more hooks: :meth:`ModelHandler.prepare_batch`
+once per submitted batch (e.g. tokenize a whole Arrow column, on the caller's
+thread) and :meth:`ModelHandler.run_prepared` once per model batch (rows of that
+prepared batch chosen by the batcher). Their defaults fall back to
+``example_tokens`` and ``run_inference``, so a two-method handler works on both
+paths; a handler that tokenizes overrides them to tokenize once per batch.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from pyflink_aisp.errors import ModelError
+import numpy as np
+import numpy.typing as npt
 
-__all__ = ["ModelHandler"]
+from pyflink_aisp.errors import ConfigError, ModelError
+
+__all__ = ["ModelHandler", "Prepared"]
 
 ExampleT = TypeVar("ExampleT")
 PredictionT = TypeVar("PredictionT")
 ModelT = TypeVar("ModelT")
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """A submitted batch made ready for the model once (e.g. tokenized).
+
+    Attributes:
+        payload: The handler's own form of the batch (a ``TokenizedBatch``, the
+            list of examples, ...); only the handler reads it.
+        lengths: ``(n,)`` int64 size of each example in tokens (after any
+            truncation): the batcher sorts and cuts model batches by it.
+
+    Raises:
+        ConfigError: ``lengths`` is not one-dimensional or has negative entries.
+    """
+
+    payload: Any
+    lengths: npt.NDArray[np.int64]
+
+    def __post_init__(self) -> None:
+        if self.lengths.ndim != 1 or (self.lengths.size and int(self.lengths.min()) < 0):
+            raise ConfigError(f"lengths must be a (n,) array of token counts >= 0, got {self.lengths!r}")
+
+    def __len__(self) -> int:
+        return int(self.lengths.shape[0])
 
 
 class ModelHandler(abc.ABC, Generic[ExampleT, PredictionT, ModelT]):
@@ -75,6 +112,46 @@ class ModelHandler(abc.ABC, Generic[ExampleT, PredictionT, ModelT]):
         """Size of one example in tokens, for length buckets and the token budget
         (called per record on the operator's thread; keep it cheap). Default 1."""
         return 1
+
+    def prepare_batch(self, batch: Sequence[ExampleT], model: ModelT) -> Prepared:
+        """Make a submitted batch ready for the model, once (batch path only).
+
+        Called on the submitting thread, so it overlaps the model running
+        earlier batches. Default: the examples as a list, lengths from
+        :meth:`example_tokens`. Override to tokenize the whole batch in one call.
+
+        Args:
+            batch: ``n`` examples (a list, an Arrow array or a pandas Series).
+
+        Returns:
+            A :class:`Prepared` of ``n`` rows.
+
+        Raises:
+            Exception: for a bad example; the runtime then prepares smaller
+                parts so that only the bad examples fail.
+        """
+        examples = list(batch)
+        lengths = np.fromiter((self.example_tokens(x, model) for x in examples), dtype=np.int64,
+                              count=len(examples))
+        return Prepared(examples, lengths)
+
+    def run_prepared(
+        self, prepared: Prepared, rows: npt.NDArray[np.intp], model: ModelT
+    ) -> Sequence[PredictionT]:
+        """Run the model on ``rows`` of a prepared batch: one model batch, exactly
+        as the batcher formed it (no further splitting).
+
+        Args:
+            prepared: From :meth:`prepare_batch`.
+            rows: ``(k,)`` row indices into ``prepared``, in the order results are wanted.
+
+        Returns:
+            ``k`` predictions, in the order of ``rows``.
+
+        Default: :meth:`run_inference` on those examples of the payload list.
+        """
+        examples = prepared.payload
+        return self.run_inference([examples[i] for i in rows.tolist()], model)
 
     def batch_byte_size(self, batch: Sequence[ExampleT]) -> int:
         """Approximate bytes of ``batch`` as the model receives it (for metrics);

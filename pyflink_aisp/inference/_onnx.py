@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
+import pyarrow as pa
 
 from pyflink_aisp.errors import ConfigError, ModelError, TokenizeError
 from pyflink_aisp.models import EMBEDDING_OUTPUT, SCORE_OUTPUT, ModelAssets
@@ -33,6 +34,7 @@ __all__ = [
     "ExecutionProvider",
     "OnnxSentimentModel",
     "ProviderSpec",
+    "encode_texts",
     "normalize_providers",
     "provider_device",
 ]
@@ -228,7 +230,7 @@ class OnnxSentimentModel:
         return self._io_binding
 
     def predict(self, texts: Sequence[str]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-        """Score texts, batching by token length internally.
+        """Score texts, batching by token length internally (the plain loop).
 
         Texts are tokenized once (:class:`~pyflink_aisp.tokenize.ArrowTokenizer`),
         sorted by token count and run in batches of ``batch_size`` padded to
@@ -249,7 +251,7 @@ class OnnxSentimentModel:
         Raises:
             TokenizeError: An input is not a ``str``.
         """
-        tokens = self._tokenize(texts)
+        tokens = self.encode(texts)
         n = len(texts)
         scores = np.empty((n,), dtype=np.float32)
         embeddings = np.empty((n, self.assets.embedding_dim), dtype=np.float32)
@@ -259,6 +261,31 @@ class OnnxSentimentModel:
             embeddings[padded.rows] = embedding
             scores[padded.rows] = score.reshape(-1)
         return scores, embeddings
+
+    def encode(self, texts: Sequence[str]) -> TokenizedBatch:
+        """Tokenize ``n`` texts once (for :meth:`predict_rows`).
+
+        Raises:
+            TokenizeError: An input is not a ``str`` (or a null in an Arrow array).
+        """
+        return encode_texts(self.tokenizer, texts)
+
+    def predict_rows(
+        self, tokens: TokenizedBatch, rows: npt.NDArray[np.intp]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """Score ``rows`` of ``tokens`` in ONE ``session.run`` (no further splitting:
+        the caller formed the model's batch).
+
+        Args:
+            tokens: From :meth:`encode`.
+            rows: ``(k,)`` row indices, in the order results are wanted.
+
+        Returns:
+            ``(scores, embeddings)``: float32 ``(k,)`` and ``(k, embedding_dim)``, in ``rows`` order.
+        """
+        with self.tokenizer.pad(tokens, rows) as padded:
+            embedding, score = self._run(padded.model_inputs())
+        return score.reshape(-1), embedding
 
     def _run(self, inputs: Mapping[str, npt.NDArray[np.int64]]) -> list[npt.NDArray[np.float32]]:
         """One ``(batch, seq_len)`` batch → ``[embedding, score]`` host arrays.
@@ -279,9 +306,25 @@ class OnnxSentimentModel:
         self._session.run_with_iobinding(binding)
         return list(binding.copy_outputs_to_cpu())
 
-    def _tokenize(self, texts: Sequence[str]) -> TokenizedBatch:
-        """Tokenize, refusing anything but ``str`` (no null or bytes rows reach the model)."""
-        for position, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TokenizeError(f"input {position} is {type(text).__name__}, expected str")
-        return self.tokenizer.encode(list(texts))
+
+def encode_texts(
+    tokenizer: ArrowTokenizer, texts: Sequence[str] | pa.Array | pa.ChunkedArray
+) -> TokenizedBatch:
+    """Tokenize texts for a model, refusing what is not text (no null or bytes rows
+    reach the model).
+
+    Args:
+        tokenizer: The model's tokenizer.
+        texts: ``str`` items, or an Arrow string array without nulls.
+
+    Raises:
+        TokenizeError: An item is not a ``str``, or the Arrow array has nulls.
+    """
+    if isinstance(texts, pa.Array | pa.ChunkedArray):
+        if texts.null_count:
+            raise TokenizeError(f"{texts.null_count} of {len(texts)} inputs are null")
+        return tokenizer.encode(texts)
+    for position, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TokenizeError(f"input {position} is {type(text).__name__}, expected str")
+    return tokenizer.encode(list(texts))

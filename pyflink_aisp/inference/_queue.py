@@ -133,6 +133,11 @@ class BatchQueue(Generic[T]):
         self._seq += 1
         self._last_put_s = max(self._last_put_s, now_s)
 
+    def oldest_arrival_s(self) -> float | None:
+        """Arrival time (seconds) of the record that waited longest; None when empty."""
+        heads = [b[0].arrived_s for b in self._buckets if b]
+        return min(heads) if heads else None
+
     def deadline_s(self) -> float | None:
         """When the oldest record's wait runs out, or the input has been idle for
         ``max_idle_ms`` (seconds); None when empty."""

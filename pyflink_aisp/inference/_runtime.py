@@ -9,6 +9,16 @@ its last user closes. All records of all those operators meet in one
 :class:`~pyflink_aisp.inference.MicroBatcher`, so batches fill from every
 operator, and one copy of the model sits in memory.
 
+Two ways in: per record (:meth:`ModelRuntime.submit` / :meth:`ModelRuntime.infer`,
+for async operators: a future per record, batches formed across records) and
+per batch (:meth:`ModelRuntime.submit_batch` / :meth:`ModelRuntime.infer_batch`,
+for Arrow/pandas operators that already hold many records: the handler
+prepares the whole batch once, e.g. one tokenizer call, and the batching thread
+cuts it into the model's real batches, sorted by length, within the batch size,
+token budget, buckets and OOM cap in force; one future per submitted batch).
+Both share the model, the SLO controller, bisection of failing batches and the
+metrics.
+
 Hot swap (:class:`~pyflink_aisp.inference.ModelSwapConfig`): a watcher thread
 polls the pointer file, loads a new version with ``handler.load_version`` off
 the batching thread, and the batching thread swaps it in before its next batch;
@@ -28,9 +38,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pyflink_aisp.errors import AispError, ModelError
+import numpy as np
+import numpy.typing as npt
+
+from pyflink_aisp.errors import AispError, InferenceError, ModelError
 from pyflink_aisp.inference._batcher import BatchReport, MicroBatcher
-from pyflink_aisp.inference._handler import ModelHandler
+from pyflink_aisp.inference._handler import ModelHandler, Prepared
 from pyflink_aisp.inference._metrics import Window, register_window, version_number
 from pyflink_aisp.inference._queue import BatchingConfig
 from pyflink_aisp.inference._swap import ModelPointer, ModelSwapConfig, read_pointer
@@ -92,7 +105,7 @@ class ModelRuntime:
         self.batch_sizes, self.batch_tokens = Window(), Window()
         self.queue_wait_us, self.compute_us = Window(), Window()
         self.batcher: MicroBatcher[Any, Inferred] = MicroBatcher(
-            self._run_batch, batching, on_batch=self._on_batch, name="aisp-batcher")
+            self._run_batch, batching, on_batch=self._on_batch, name="aisp-batcher", run_rows=self._run_rows)
         self._watcher: threading.Thread | None = None
         if swap is not None:
             self._poll_pointer()  # a pointer published before (re)start wins over the default
@@ -152,16 +165,64 @@ class ModelRuntime:
         """:meth:`submit`, awaited on the running event loop."""
         return await asyncio.wrap_future(self.submit(example))
 
-    def infer_many(self, examples: Sequence[Any]) -> list[Inferred | BaseException]:
-        """Submit all ``examples`` and wait; each entry is the result or the
-        exception for that example alone (blocking; for vectorized UDFs)."""
-        futures: list[Future[Inferred] | BaseException] = []
-        for example in examples:
-            try:
-                futures.append(self.submit(example))
-            except Exception as exc:
-                futures.append(exc)
-        return [f if isinstance(f, BaseException) else _outcome(f) for f in futures]
+    def submit_batch(self, examples: Sequence[Any]) -> Future[list[Inferred | BaseException]]:
+        """Queue a whole batch (the batch path): ``handler.prepare_batch`` runs once on
+        this thread, the batching thread cuts the model batches.
+
+        Args:
+            examples: ``n`` examples: a list, an Arrow array or a pandas Series.
+
+        Returns:
+            A future of ``n`` outcomes in input order: an :class:`Inferred`, or
+            the exception for that example alone (its preparation or its model
+            call failed; other examples are unaffected).
+
+        Raises:
+            InferenceError: The runtime is released.
+        """
+        parts = self._prepare_isolating(examples, 0)
+        if len(parts) == 1 and isinstance(parts[0][1], Prepared):
+            return self.batcher.submit_chunk(parts[0][1], parts[0][1].lengths)
+        n = sum(size for _, _, size in parts)
+        pending = [(start, size, self.batcher.submit_chunk(prep, prep.lengths))
+                   if isinstance(prep, Prepared) else (start, size, prep) for start, prep, size in parts]
+        merged: Future[list[Inferred | BaseException]] = Future()
+        merged.set_running_or_notify_cancel()
+
+        def stitch() -> list[Inferred | BaseException]:
+            out: list[Inferred | BaseException] = [InferenceError("no outcome")] * n
+            for start, size, part in pending:
+                out[start:start + size] = part.result() if isinstance(part, Future) else [part] * size
+            return out
+
+        threading.Thread(target=lambda: merged.set_result(stitch()), name="aisp-stitch", daemon=True).start()
+        return merged
+
+    def infer_batch(self, examples: Sequence[Any]) -> list[Inferred | BaseException]:
+        """:meth:`submit_batch` and wait (blocking; for pandas/Arrow UDFs)."""
+        return self.submit_batch(examples).result()
+
+    def _prepare_isolating(
+        self, examples: Sequence[Any], start: int
+    ) -> list[tuple[int, Prepared | BaseException, int]]:
+        """``(start, prepared or error, size)`` parts covering ``examples``: when
+        ``prepare_batch`` raises, halves are prepared again until each bad example
+        is alone (the same isolation as failing model batches)."""
+        n = len(examples)
+        if n == 0:
+            return [(start, Prepared([], np.zeros(0, dtype=np.int64)), 0)]
+        try:
+            prepared = self.handler.prepare_batch(examples, self._model)
+            if len(prepared) != n:
+                raise InferenceError(f"prepare_batch returned {len(prepared)} rows for {n} examples")
+            return [(start, prepared, n)]
+        except Exception as exc:
+            if n == 1:
+                return [(start, exc, 1)]
+            items = examples if isinstance(examples, list) else list(examples)
+            mid = n // 2
+            head = self._prepare_isolating(items[:mid], start)
+            return head + self._prepare_isolating(items[mid:], start + mid)
 
     @property
     def swap_state(self) -> _Swap:
@@ -203,8 +264,8 @@ class ModelRuntime:
         if stale is not None:
             self.handler.release_model(stale[0])
 
-    def _run_batch(self, examples: list[Any]) -> list[Inferred]:
-        """Batching thread: swap in a ready model version, then run the batch."""
+    def _swap_in(self) -> tuple[Any, str]:
+        """Batching thread: swap in a ready model version; the model and version to run."""
         ready = self._take_ready()
         if ready is not None:
             old, self._model = self._model, ready[0]
@@ -212,8 +273,17 @@ class ModelRuntime:
             self._swap.swaps += 1
             _log.info("model swapped %s -> %s", previous[:12], self.model_version[:12])
             self.handler.release_model(old)
-        model, version = self._model, self.model_version
+        return self._model, self.model_version
+
+    def _run_batch(self, examples: list[Any]) -> list[Inferred]:
+        """Batching thread: one model batch of the per-record path."""
+        model, version = self._swap_in()
         return [Inferred(p, version) for p in self.handler.run_inference(examples, model)]
+
+    def _run_rows(self, prepared: Prepared, rows: npt.NDArray[np.intp]) -> list[Inferred]:
+        """Batching thread: one model batch of the batch path (``rows`` of ``prepared``)."""
+        model, version = self._swap_in()
+        return [Inferred(p, version) for p in self.handler.run_prepared(prepared, rows, model)]
 
     def _on_batch(self, report: BatchReport) -> None:
         self.batch_sizes.add(report.size)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from pyflink_aisp.errors import ModelError
-from pyflink_aisp.inference._handler import ModelHandler
+from pyflink_aisp.inference._handler import ModelHandler, Prepared
 from pyflink_aisp.inference._onnx import (
     ExecutionProvider,
     OnnxSentimentModel,
@@ -21,7 +22,7 @@ from pyflink_aisp.inference._onnx import (
 from pyflink_aisp.models import ModelAssets
 from pyflink_aisp.models._checksum import verify_sha256
 
-__all__ = ["SentimentHandler", "SentimentPrediction"]
+__all__ = ["SentimentHandler", "SentimentPrediction", "TokenizedTextsMixin"]
 
 #: The example a new model version must score before it is swapped in.
 _SWAP_CHECK_TEXT = "A gripping, beautifully acted film."
@@ -30,7 +31,32 @@ _SWAP_CHECK_TEXT = "A gripping, beautifully acted film."
 SentimentPrediction = tuple[float, npt.NDArray[np.float32]]
 
 
-class SentimentHandler(ModelHandler[str, SentimentPrediction, OnnxSentimentModel]):
+class TokenizedTextsMixin:
+    """The batch-path hooks of the sentiment handlers (ONNX and PyTorch): one
+    tokenizer call per submitted batch, one model call per model batch.
+
+    The model must offer ``encode(texts) -> TokenizedBatch`` and
+    ``predict_rows(tokens, rows) -> (scores (k,), embeddings (k, dim))``.
+    """
+
+    def prepare_batch(self, batch: Sequence[str], model: Any) -> Prepared:
+        """Tokenize the whole batch once; lengths are token counts after truncation.
+
+        Raises:
+            TokenizeError: An input is not a ``str`` (the runtime then isolates it).
+        """
+        tokens = model.encode(batch)
+        return Prepared(tokens, tokens.lengths)
+
+    def run_prepared(
+        self, prepared: Prepared, rows: npt.NDArray[np.intp], model: Any
+    ) -> list[SentimentPrediction]:
+        """Score ``rows`` of the tokenized batch in one model call, in ``rows`` order."""
+        scores, embeddings = model.predict_rows(prepared.payload, rows)
+        return list(zip(scores.tolist(), embeddings, strict=True))
+
+
+class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPrediction, OnnxSentimentModel]):
     """Scores texts with the built sentiment model (tokenization fused in).
 
     Args:

@@ -32,11 +32,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pyflink_aisp.errors import ConfigError, ModelError, TokenizeError
+from pyflink_aisp.errors import ConfigError, ModelError
 from pyflink_aisp.inference._handler import ModelHandler
-from pyflink_aisp.inference._sentiment import SentimentPrediction
+from pyflink_aisp.inference._onnx import encode_texts
+from pyflink_aisp.inference._sentiment import SentimentPrediction, TokenizedTextsMixin
 from pyflink_aisp.models import BertConfig, ModelAssets, locate_source_model, sha256_file, verify_sha256
-from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizerConfig
+from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizedBatch, TokenizerConfig
 
 __all__ = [
     "HEAD_COEF",
@@ -224,12 +225,7 @@ class TorchSentimentModel:
         """
         import torch
 
-        if self.encoder is None:
-            raise ModelError("TorchSentimentModel used after release_model()")
-        for position, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TokenizeError(f"input {position} is {type(text).__name__}, expected str")
-        tokens = self.tokenizer.encode(list(texts))
+        tokens = self.encode(texts)
         scores = np.empty((len(texts),), dtype=np.float32)
         embeddings = np.empty((len(texts), self.embedding_dim), dtype=np.float32)
         with torch.inference_mode():
@@ -239,6 +235,35 @@ class TorchSentimentModel:
                 scores[padded.rows] = score
                 embeddings[padded.rows] = embedding
         return scores, embeddings
+
+    def encode(self, texts: Sequence[str]) -> TokenizedBatch:
+        """Tokenize ``n`` texts once (for :meth:`predict_rows`).
+
+        Raises:
+            TokenizeError: An input is not a ``str`` (or a null in an Arrow array).
+            ModelError: The model was released.
+        """
+        if self.encoder is None:
+            raise ModelError("TorchSentimentModel used after release_model()")
+        return encode_texts(self.tokenizer, texts)
+
+    def predict_rows(
+        self, tokens: TokenizedBatch, rows: npt.NDArray[np.intp]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """Score ``rows`` of ``tokens`` in ONE forward pass (the caller formed the batch).
+
+        Returns:
+            ``(scores, embeddings)``: float32 ``(k,)`` and ``(k, 384)``, in ``rows`` order.
+
+        Raises:
+            ModelError: The model was released.
+        """
+        import torch
+
+        if self.encoder is None:
+            raise ModelError("TorchSentimentModel used after release_model()")
+        with torch.inference_mode(), self.tokenizer.pad(tokens, rows) as padded:
+            return self._forward(torch, padded)
 
     def _forward(
         self, torch: Any, padded: PaddedBatch
@@ -264,7 +289,7 @@ class TorchSentimentModel:
                 torch.cuda.empty_cache()
 
 
-class TorchSentimentHandler(ModelHandler[str, SentimentPrediction, TorchSentimentModel]):
+class TorchSentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPrediction, TorchSentimentModel]):
     """The sentiment model in PyTorch: the same predictions as :class:`SentimentHandler`.
 
     Predictions are ``(score, embedding)``: P(fresh) as a float and a float32

@@ -17,8 +17,8 @@ from pyflink_aisp.kafka._admin import (
 from pyflink_aisp.kafka._decode import (
     DeadLetter,
     DecodedRecord,
-    DecodeReason,
     KafkaCoordinates,
+    decode_record,
     decode_review,
 )
 from pyflink_aisp.kafka._ingest import IngestResult, ingest_records
@@ -31,7 +31,6 @@ from pyflink_aisp.kafka._tables import (
 
 __all__ = [
     "DeadLetter",
-    "DecodeReason",
     "DecodedRecord",
     "DeliveryGuarantee",
     "IngestResult",
@@ -40,6 +39,7 @@ __all__ = [
     "KafkaSourceTable",
     "StartupMode",
     "create_topics",
+    "decode_record",
     "decode_review",
     "default_bootstrap_servers",
     "delete_topics",

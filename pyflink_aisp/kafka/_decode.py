@@ -8,41 +8,21 @@ A record value must be UTF-8 JSON holding an object with a string ``text``;
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from pyflink_aisp.errors import DecodeError
+from pyflink_aisp.pipeline._outcome import MAX_DEAD_LETTER_VALUE_BYTES, DeadLettered, Reason
 
 __all__ = [
     "MAX_DEAD_LETTER_VALUE_BYTES",
     "DeadLetter",
-    "DecodeReason",
     "DecodedRecord",
     "KafkaCoordinates",
+    "decode_record",
     "decode_review",
 ]
-
-
-class DecodeReason(StrEnum):
-    """Why a record went to the DLQ (the ``reason`` field of a dead letter)."""
-
-    NULL_VALUE = "null_value"
-    INVALID_UTF8 = "invalid_utf8"
-    INVALID_JSON = "invalid_json"
-    NOT_AN_OBJECT = "not_an_object"
-    MISSING_TEXT = "missing_text"
-    TEXT_NOT_STRING = "text_not_string"
-    INVALID_UNICODE = "invalid_unicode"
-    BAD_ID = "bad_id"
-    DECODE_ERROR = "decode_error"
-
-
-#: Most raw value bytes a dead letter carries (base64 grows them by 4/3): keeps a
-#: DLQ record under the producer's default ``max.request.size`` of 1 MiB.
-MAX_DEAD_LETTER_VALUE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,49 +55,40 @@ class DecodedRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class DeadLetter:
-    """A record that could not be decoded, as written to the DLQ topic."""
+    """A record that could not be decoded (its ``id`` is unknown)."""
 
-    reason: DecodeReason
+    reason: Reason
     detail: str
     source: KafkaCoordinates
     value: bytes | None
 
+    def outcome(self) -> DeadLettered:
+        """As the pipeline's dead-letter outcome (``id`` null)."""
+        return DeadLettered(reason=self.reason, detail=self.detail, topic=self.source.topic,
+                            partition=self.source.partition, offset=self.source.offset, value=self.value)
+
     def to_json(self) -> str:
-        """The DLQ record value: ASCII JSON with ``reason``, ``detail``, ``topic``,
-        ``partition``, ``offset``, ``value_base64`` (the raw bytes, base64, at most
-        :data:`MAX_DEAD_LETTER_VALUE_BYTES` of them; null for a null value),
-        ``value_size_bytes`` and ``value_truncated``."""
-        value = self.value
-        kept = None if value is None else value[:MAX_DEAD_LETTER_VALUE_BYTES]
-        return json.dumps({
-            "reason": self.reason.value,
-            "detail": self.detail[:1000],
-            "topic": self.source.topic,
-            "partition": self.source.partition,
-            "offset": self.source.offset,
-            "value_base64": None if kept is None else base64.b64encode(kept).decode("ascii"),
-            "value_size_bytes": None if value is None else len(value),
-            "value_truncated": value is not None and len(value) > MAX_DEAD_LETTER_VALUE_BYTES,
-        })
+        """The DLQ record value (schema: :mod:`pyflink_aisp.pipeline._outcome`)."""
+        return self.outcome().to_json()
 
 
 def _parse(value: bytes | None) -> dict[str, Any]:
     """Bytes → JSON object, or :class:`DecodeError` with the reason."""
     if value is None:
-        raise DecodeError(DecodeReason.NULL_VALUE.value, "record value is null (tombstone)")
+        raise DecodeError(Reason.NULL_VALUE.value, "record value is null (tombstone)")
     try:
         decoded = bytes(value).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DecodeError(
-            DecodeReason.INVALID_UTF8.value, f"byte {exc.start}: {exc.reason}"
+            Reason.INVALID_UTF8.value, f"byte {exc.start}: {exc.reason}"
         ) from exc
     try:
         obj = json.loads(decoded)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, int digit limit, deep nesting
-        raise DecodeError(DecodeReason.INVALID_JSON.value, f"{type(exc).__name__}: {exc}") from exc
+        raise DecodeError(Reason.INVALID_JSON.value, f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, dict):
         raise DecodeError(
-            DecodeReason.NOT_AN_OBJECT.value, f"JSON value is {type(obj).__name__}, not an object"
+            Reason.NOT_AN_OBJECT.value, f"JSON value is {type(obj).__name__}, not an object"
         )
     return obj
 
@@ -128,7 +99,7 @@ def _check_encodable(field: str, text: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise DecodeError(
-            DecodeReason.INVALID_UNICODE.value, f"'{field}' char {exc.start}: {exc.reason}"
+            Reason.INVALID_UNICODE.value, f"'{field}' char {exc.start}: {exc.reason}"
         ) from exc
 
 
@@ -146,22 +117,41 @@ def decode_review(value: bytes | None, source: KafkaCoordinates) -> DecodedRecor
     try:
         obj = _parse(value)
         if "text" not in obj or obj["text"] is None:
-            raise DecodeError(DecodeReason.MISSING_TEXT.value, "no 'text' field")
+            raise DecodeError(Reason.MISSING_TEXT.value, "no 'text' field")
         text = obj["text"]
         if not isinstance(text, str):
             raise DecodeError(
-                DecodeReason.TEXT_NOT_STRING.value, f"'text' is {type(text).__name__}"
+                Reason.TEXT_NOT_STRING.value, f"'text' is {type(text).__name__}"
             )
         rid = obj.get("id")
         if rid is None:
             rid = source.default_id()
         elif isinstance(rid, bool) or not isinstance(rid, (str, int)):
-            raise DecodeError(DecodeReason.BAD_ID.value, f"'id' is {type(rid).__name__}")
+            raise DecodeError(Reason.BAD_ID.value, f"'id' is {type(rid).__name__}")
         _check_encodable("text", text)
         _check_encodable("id", str(rid))
         return DecodedRecord(id=str(rid), text=text, label=obj.get("label"))
     except DecodeError as exc:
         return DeadLetter(
-            reason=DecodeReason(exc.reason), detail=exc.detail, source=source,
+            reason=Reason(exc.reason), detail=exc.detail, source=source,
             value=None if value is None else bytes(value),
         )
+
+
+def decode_record(value: bytes | None, topic: str, partition: int, offset: int) -> DecodedRecord | DeadLetter:
+    """:func:`decode_review` with a catch-all: an exception nobody foresaw (a bug, an
+    input of a new kind) becomes a ``decode_error`` dead letter, never a job restart.
+
+    Args:
+        value: The raw record value (None for a tombstone).
+        topic: Its topic.
+        partition: Its partition.
+        offset: Its offset.
+    """
+    source = KafkaCoordinates(topic=topic, partition=partition, offset=offset)
+    try:
+        return decode_review(value, source)
+    except Exception as exc:
+        raw = None if value is None else bytes(value)
+        return DeadLetter(reason=Reason.DECODE_ERROR, detail=f"{type(exc).__name__}: {exc}", source=source,
+                          value=raw)

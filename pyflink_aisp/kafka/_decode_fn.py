@@ -9,13 +9,7 @@ from pyflink.common import Row, Types
 from pyflink.datastream import OutputTag, ProcessFunction
 
 from pyflink_aisp.errors import DecodeError
-from pyflink_aisp.kafka._decode import (
-    DeadLetter,
-    DecodedRecord,
-    DecodeReason,
-    KafkaCoordinates,
-    decode_review,
-)
+from pyflink_aisp.kafka._decode import DeadLetter, DecodedRecord, decode_record
 
 __all__ = ["DECODED_TYPE", "DLQ_TAG", "KEY_VALUE_TYPE", "DecodeFunction", "UndecodableRecord", "decode_row"]
 
@@ -40,13 +34,7 @@ class UndecodableRecord(DecodeError):
 
 
 def _decode(value: Row) -> DecodedRecord | DeadLetter:
-    source = KafkaCoordinates(topic=value[1], partition=value[2], offset=value[3])
-    try:
-        return decode_review(value[0], source)
-    except Exception as exc:  # a bug or an input nobody foresaw: a dead letter, not a restart
-        raw = None if value[0] is None else bytes(value[0])
-        return DeadLetter(reason=DecodeReason.DECODE_ERROR,
-                          detail=f"{type(exc).__name__}: {exc}", source=source, value=raw)
+    return decode_record(value[0], value[1], value[2], value[3])
 
 
 def decode_row(value: Row) -> Row:

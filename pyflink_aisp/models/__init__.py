@@ -18,14 +18,21 @@ from pyflink_aisp.models._onnx_graph import (
     append_sentiment_head,
     build_encoder_model,
 )
+from pyflink_aisp.models._paraphrase_minilm import (
+    PARAPHRASE_DISTRIBUTION,
+    ParaphraseMiniLM,
+    locate_paraphrase_minilm,
+)
 from pyflink_aisp.models._source import BertConfig, SourceModel, locate_source_model
 
 __all__ = [
     "EMBEDDING_OUTPUT",
     "INPUT_NAMES",
+    "PARAPHRASE_DISTRIBUTION",
     "SCORE_OUTPUT",
     "BertConfig",
     "ModelAssets",
+    "ParaphraseMiniLM",
     "SourceModel",
     "append_sentiment_head",
     "assets_dir_name",
@@ -33,6 +40,7 @@ __all__ = [
     "build_main",
     "ensure_model_assets",
     "load_model_assets",
+    "locate_paraphrase_minilm",
     "locate_source_model",
     "sha256_file",
     "verify_sha256",

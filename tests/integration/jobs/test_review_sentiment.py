@@ -10,8 +10,10 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.inference import OnnxSentimentModel, SentimentHandler
+from pyflink_aisp.inference import OnnxSentimentModel, Prepared, SentimentHandler
 from pyflink_aisp.kafka import create_topics, read_topic
+from pyflink_aisp.pipeline import PipelineOptions
+from pyflink_aisp.pipeline.flink import build_pipeline, make_environment
 
 pytestmark = pytest.mark.integration
 
@@ -58,19 +60,20 @@ def _produce(bootstrap, topic, reviews):
     return offsets
 
 
-@pytest.mark.parametrize("mode", ["batch", "streaming"])
+@pytest.mark.parametrize(("mode", "operator"),
+                         [("batch", "arrow"), ("streaming", "arrow"), ("batch", "async")])
 def test_scores_every_review_once_and_dead_letters_bad_records(
-    mode, kafka_bootstrap, topic, model_assets, review_job, reviews, expected_scores
+    mode, operator, kafka_bootstrap, topic, model_assets, reviews, expected_scores
 ):
     t_in, t_out, t_dlq = topic("in"), topic("out"), topic("dlq")
     create_topics(kafka_bootstrap, [t_in, t_out, t_dlq])
     bad_offsets = _produce(kafka_bootstrap, t_in, reviews)
-    cfg = review_job.parse_args([
+    cfg = PipelineOptions.from_args([
         "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
         "--dlq-topic", t_dlq, "--mode", mode, "--model-dir", str(model_assets.directory),
-        "--checkpoint-interval-ms", "1000",
+        "--checkpoint-interval-ms", "1000", "--operator", operator,
     ])
-    result = review_job.build_and_run(review_job.make_environment(cfg), cfg)
+    result = build_pipeline(make_environment(cfg), cfg)
     try:
         if mode == "batch":
             result.wait()
@@ -92,22 +95,22 @@ def test_scores_every_review_once_and_dead_letters_bad_records(
 
     letters = [json.loads(m.value()) for m in dlq]
     assert {d["offset"]: d["reason"] for d in letters} == bad_offsets
-    assert all(d["topic"] == t_in and d["partition"] == 0 for d in letters)
+    assert all(d["topic"] == t_in and d["partition"] == 0 and d["id"] is None for d in letters)
     assert [d["value_truncated"] for d in letters].count(True) == 1
 
 
 def test_embedding_flag_adds_the_384_float_embedding(
-    kafka_bootstrap, topic, model_assets, review_job, reviews
+    kafka_bootstrap, topic, model_assets, reviews
 ):
     t_in, t_out = topic("in"), topic("out")
     create_topics(kafka_bootstrap, [t_in, t_out])
     few = reviews[:20]
     _produce(kafka_bootstrap, t_in, few)
-    cfg = review_job.parse_args([
+    cfg = PipelineOptions.from_args([
         "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
         "--mode", "batch", "--model-dir", str(model_assets.directory), "--with-embedding",
     ])
-    review_job.build_and_run(review_job.make_environment(cfg), cfg).wait()
+    build_pipeline(make_environment(cfg), cfg).wait()
     out = read_topic(kafka_bootstrap, t_out, min_count=20)
     docs = {d["id"]: d for d in (json.loads(m.value()) for m in out)}
     _, embeddings = OnnxSentimentModel(model_assets).predict([r.text for r in few])
@@ -127,20 +130,20 @@ def _committed_offset(bootstrap, group, topic):
 
 
 def test_streaming_restart_resumes_from_the_groups_committed_offsets(
-    kafka_bootstrap, topic, model_assets, review_job, reviews
+    kafka_bootstrap, topic, model_assets, reviews
 ):
     t_in, t_out = topic("in"), topic("out")
     group = f"g-{t_in}"
     create_topics(kafka_bootstrap, [t_in, t_out])
     first, second = reviews[:100], reviews[100:150]
     _produce(kafka_bootstrap, t_in, first)  # 100 reviews + 2 malformed: offsets 0..101
-    cfg = review_job.parse_args([
+    cfg = PipelineOptions.from_args([
         "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
         "--group-id", group, "--model-dir", str(model_assets.directory), "--checkpoint-interval-ms", "500",
     ])
-    assert cfg.mode == "streaming" and cfg.startup_mode.value == "group-offsets"
+    assert cfg.mode == "streaming" and cfg.startup_mode is None  # group-offsets in streaming
 
-    run = review_job.build_and_run(review_job.make_environment(cfg), cfg)
+    run = build_pipeline(make_environment(cfg), cfg)
     try:
         assert len(read_topic(kafka_bootstrap, t_out, min_count=100, timeout_s=120, quiet_s=2)) == 100
         deadline = time.monotonic() + 60
@@ -151,7 +154,7 @@ def test_streaming_restart_resumes_from_the_groups_committed_offsets(
         run.get_job_client().cancel().result()
 
     _produce(kafka_bootstrap, t_in, second)
-    run = review_job.build_and_run(review_job.make_environment(cfg), cfg)
+    run = build_pipeline(make_environment(cfg), cfg)
     try:
         out = read_topic(kafka_bootstrap, t_out, min_count=150, timeout_s=120, quiet_s=4)
     finally:
@@ -161,16 +164,28 @@ def test_streaming_restart_resumes_from_the_groups_committed_offsets(
 
 
 class PoisonedSentimentHandler(SentimentHandler):
-    """The real model, but any batch holding a text with "POISON" raises (a poison record)."""
+    """The real model, but any model batch holding a text with "POISON" raises (a poison
+    record), on the per-record path and on the batch path (which keeps the texts beside
+    the tokens to know)."""
 
     def run_inference(self, batch, model):
         if any("POISON" in text for text in batch):
             raise RuntimeError("poisoned input")
         return super().run_inference(batch, model)
 
+    def prepare_batch(self, batch, model):
+        prepared = super().prepare_batch(batch, model)
+        return Prepared((list(batch), prepared.payload), prepared.lengths)
+
+    def run_prepared(self, prepared, rows, model):
+        texts, tokens = prepared.payload
+        if any("POISON" in texts[i] for i in rows):
+            raise RuntimeError("poisoned input")
+        return super().run_prepared(Prepared(tokens, prepared.lengths), rows, model)
+
 
 def test_a_record_that_fails_inference_goes_to_the_dlq_and_the_rest_score(
-    kafka_bootstrap, topic, model_assets, review_job, reviews, expected_scores
+    kafka_bootstrap, topic, model_assets, reviews, expected_scores
 ):
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     t_in, t_out, t_dlq = topic("in"), topic("out"), topic("dlq")
@@ -182,12 +197,12 @@ def test_a_record_that_fails_inference_goes_to_the_dlq_and_the_rest_score(
         if i == 29:
             producer.produce(t_in, value=json.dumps({"id": "poison", "text": "POISON pill"}))
     assert producer.flush(30) == 0
-    cfg = review_job.parse_args([
+    cfg = PipelineOptions.from_args([
         "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
         "--dlq-topic", t_dlq, "--mode", "batch", "--model-dir", str(model_assets.directory),
         "--max-wait-ms", "1000",  # one batch of all 61 records: the poison must be bisected out
     ])
-    review_job.build_and_run(review_job.make_environment(cfg), cfg,
+    build_pipeline(make_environment(cfg), cfg,
                              handler=PoisonedSentimentHandler(model_assets)).wait()
     out = {json.loads(m.value())["id"]: json.loads(m.value())
            for m in read_topic(kafka_bootstrap, t_out, min_count=60)}
@@ -197,3 +212,38 @@ def test_a_record_that_fails_inference_goes_to_the_dlq_and_the_rest_score(
     (letter,) = [json.loads(m.value()) for m in read_topic(kafka_bootstrap, t_dlq, min_count=1)]
     assert letter["reason"] == "inference_error" and "poisoned input" in letter["detail"]
     assert (letter["id"], letter["topic"], letter["partition"], letter["offset"]) == ("poison", t_in, 0, 30)
+
+
+def test_a_second_model_runs_in_the_job_by_options_alone(kafka_bootstrap, topic, reviews):
+    """paraphrase-MiniLM-L3-v2 (another package, another ONNX signature: token states only)
+    wired in by flags: the job writes its mean-pooled, normalised embeddings."""
+    from pyflink_aisp.inference import OnnxEncoderHandler, Pooling
+    from pyflink_aisp.models import locate_paraphrase_minilm
+    from pyflink_aisp.models._paraphrase_minilm import PARAPHRASE_TOKEN_OUTPUT
+
+    second = locate_paraphrase_minilm()
+    t_in, t_out = topic("in"), topic("out")
+    create_topics(kafka_bootstrap, [t_in, t_out])
+    few = reviews[:40]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    for r in few:
+        producer.produce(t_in, value=json.dumps({"id": r.id, "text": r.text}))
+    assert producer.flush(30) == 0
+    cfg = PipelineOptions.from_args([
+        "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
+        "--mode", "batch", "--encoder-onnx", str(second.onnx_path), "--encoder-tokenizer",
+        str(second.tokenizer_path), "--encoder-output", PARAPHRASE_TOKEN_OUTPUT, "--encoder-pooling", "mean",
+        "--encoder-normalize",
+    ])
+    build_pipeline(make_environment(cfg), cfg).wait()
+    out = read_topic(kafka_bootstrap, t_out, min_count=40)
+    docs = {d["id"]: d for d in (json.loads(m.value()) for m in out)}
+    handler = OnnxEncoderHandler(model_path=second.onnx_path, tokenizer_path=second.tokenizer_path,
+                                 output=PARAPHRASE_TOKEN_OUTPUT, pooling=Pooling.MEAN, normalize=True)
+    expected = handler.run_inference([r.text for r in few], handler.load_model())
+    assert set(docs) == {r.id for r in few}
+    for r, e in zip(few, expected, strict=True):
+        doc = docs[r.id]
+        assert set(doc) == {"id", "embedding", "model_sha256"}
+        assert doc["model_sha256"] == handler.model_version()
+        np.testing.assert_allclose(np.asarray(doc["embedding"], dtype=np.float32), e, atol=1e-5)

@@ -70,7 +70,7 @@ def test_operators_of_a_worker_share_one_model(model_file):
     first = ModelRuntime.acquire(handler, batching)
     second = ModelRuntime.acquire(ScaleHandler(model_file), batching)  # an equal handler, e.g. unpickled
     assert first is second and handler.loads == [str(model_file)]
-    assert [r.prediction for r in first.infer_many([1.0, 2.0, 3.0])] == [2.0, 4.0, 6.0]
+    assert [r.prediction for r in first.infer_batch([1.0, 2.0, 3.0])] == [2.0, 4.0, 6.0]
     first.release()
     assert handler.released == []  # still used by the second operator
     second.release()
@@ -80,9 +80,9 @@ def test_operators_of_a_worker_share_one_model(model_file):
     third.release()
 
 
-def test_infer_many_returns_the_error_of_a_bad_example_only(model_file):
+def test_infer_batch_returns_the_error_of_a_bad_example_only(model_file):
     runtime = ModelRuntime.acquire(ScaleHandler(model_file), BatchingConfig(max_batch_size=8, max_wait_ms=1))
-    out = runtime.infer_many([1.0, "x", 3.0])
+    out = runtime.infer_batch([1.0, "x", 3.0])
     runtime.release()
     assert out[0] == Inferred(2.0, sha256_file(model_file)) and out[2].prediction == 6.0
     assert isinstance(out[1], TypeError)
@@ -93,13 +93,13 @@ def test_hot_swap_between_batches_and_refusal_of_bad_versions(model_file, tmp_pa
     v1 = sha256_file(model_file)
     runtime = ModelRuntime.acquire(ScaleHandler(model_file), BatchingConfig(max_batch_size=8, max_wait_ms=1),
                                    swap=ModelSwapConfig(pointer_path=pointer, poll_interval_s=0.05))
-    assert runtime.infer_many([1.0]) == [Inferred(2.0, v1)]
+    assert runtime.infer_batch([1.0]) == [Inferred(2.0, v1)]
 
     v2_file = tmp_path / "v2.txt"
     v2_file.write_text("10")
     v2 = publish_model(pointer, v2_file).sha256
     assert read_pointer(pointer).sha256 == v2
-    assert wait_for(lambda: runtime.infer_many([1.0]) == [Inferred(10.0, v2)])
+    assert wait_for(lambda: runtime.infer_batch([1.0]) == [Inferred(10.0, v2)])
     assert runtime.swap_state.swaps == 1 and runtime.handler.released == [2.0]
 
     bad = tmp_path / "v3.txt"
@@ -108,7 +108,7 @@ def test_hot_swap_between_batches_and_refusal_of_bad_versions(model_file, tmp_pa
     assert wait_for(lambda: runtime.swap_state.failures == 1)
     error = runtime.swap_state.last_error
     assert "refused model" in error and "not a scale model" in error
-    assert runtime.infer_many([3.0]) == [Inferred(30.0, v2)]  # the old version keeps serving
+    assert runtime.infer_batch([3.0]) == [Inferred(30.0, v2)]  # the old version keeps serving
 
     pointer.write_text('{"path": "v2.txt", "sha256": "' + "0" * 64 + '"}')  # checksum mismatch
     assert wait_for(lambda: runtime.swap_state.failures == 2)
@@ -116,7 +116,7 @@ def test_hot_swap_between_batches_and_refusal_of_bad_versions(model_file, tmp_pa
     assert "sha256" in runtime.swap_state.last_error
     pointer.write_text("{broken")
     assert wait_for(lambda: runtime.swap_state.failures == 3)
-    assert runtime.infer_many([1.0]) == [Inferred(10.0, v2)]
+    assert runtime.infer_batch([1.0]) == [Inferred(10.0, v2)]
     runtime.release()
 
 
@@ -127,7 +127,7 @@ def test_a_pointer_published_before_start_wins(model_file, tmp_path):
     v2 = publish_model(pointer, v2_file).sha256
     runtime = ModelRuntime.acquire(ScaleHandler(model_file), BatchingConfig(max_batch_size=8, max_wait_ms=1),
                                    swap=ModelSwapConfig(pointer_path=pointer, poll_interval_s=60))
-    assert runtime.infer_many([1.0]) == [Inferred(5.0, v2)]
+    assert runtime.infer_batch([1.0]) == [Inferred(5.0, v2)]
     runtime.release()
 
 
@@ -143,7 +143,7 @@ def test_metrics_are_gauges_with_units_in_their_names(model_file):
     runtime = ModelRuntime.acquire(ScaleHandler(model_file), BatchingConfig(max_batch_size=4, max_wait_ms=1))
     group = RecordingGroup()
     runtime.bind_metrics(group)
-    runtime.infer_many([1.0] * 10)
+    runtime.infer_batch([1.0] * 10)
     values = {name: read() for name, read in group.gauges.items()}
     runtime.release()
     assert values["recordsInferred"] == 10 and values["batches"] >= 3

@@ -3,8 +3,9 @@ import json
 
 import pytest
 
-from pyflink_aisp.kafka import DeadLetter, DecodedRecord, DecodeReason, KafkaCoordinates, decode_review
+from pyflink_aisp.kafka import DeadLetter, DecodedRecord, KafkaCoordinates, decode_review
 from pyflink_aisp.kafka._decode import MAX_DEAD_LETTER_VALUE_BYTES
+from pyflink_aisp.pipeline import Reason
 
 SRC = KafkaCoordinates(topic="reviews", partition=2, offset=41)
 
@@ -31,21 +32,21 @@ def test_non_ascii_text_survives():
 @pytest.mark.parametrize(
     ("value", "reason"),
     [
-        (None, DecodeReason.NULL_VALUE),
-        (b"\xff\xfe{}", DecodeReason.INVALID_UTF8),
-        (b'{"id": 1, "text": ', DecodeReason.INVALID_JSON),
-        (b"", DecodeReason.INVALID_JSON),
-        (b"[1, 2]", DecodeReason.NOT_AN_OBJECT),
-        (b'"just a string"', DecodeReason.NOT_AN_OBJECT),
-        (b"{}", DecodeReason.MISSING_TEXT),
-        (b'{"id": "a", "text": null}', DecodeReason.MISSING_TEXT),
-        (b'{"id": "a", "text": 5}', DecodeReason.TEXT_NOT_STRING),
-        (b'{"id": ["a"], "text": "t"}', DecodeReason.BAD_ID),
-        (b'{"id": true, "text": "t"}', DecodeReason.BAD_ID),
-        (b'{"text": "x", "a": ' + b"[" * 5000 + b"]" * 5000 + b"}", DecodeReason.INVALID_JSON),
-        (b'{"id": ' + b"1" * 5000 + b', "text": "x"}', DecodeReason.INVALID_JSON),
-        (b'{"id": "s", "text": "a\\ud800b"}', DecodeReason.INVALID_UNICODE),
-        (b'{"id": "\\udfff", "text": "ok"}', DecodeReason.INVALID_UNICODE),
+        (None, Reason.NULL_VALUE),
+        (b"\xff\xfe{}", Reason.INVALID_UTF8),
+        (b'{"id": 1, "text": ', Reason.INVALID_JSON),
+        (b"", Reason.INVALID_JSON),
+        (b"[1, 2]", Reason.NOT_AN_OBJECT),
+        (b'"just a string"', Reason.NOT_AN_OBJECT),
+        (b"{}", Reason.MISSING_TEXT),
+        (b'{"id": "a", "text": null}', Reason.MISSING_TEXT),
+        (b'{"id": "a", "text": 5}', Reason.TEXT_NOT_STRING),
+        (b'{"id": ["a"], "text": "t"}', Reason.BAD_ID),
+        (b'{"id": true, "text": "t"}', Reason.BAD_ID),
+        (b'{"text": "x", "a": ' + b"[" * 5000 + b"]" * 5000 + b"}", Reason.INVALID_JSON),
+        (b'{"id": ' + b"1" * 5000 + b', "text": "x"}', Reason.INVALID_JSON),
+        (b'{"id": "s", "text": "a\\ud800b"}', Reason.INVALID_UNICODE),
+        (b'{"id": "\\udfff", "text": "ok"}', Reason.INVALID_UNICODE),
     ],
 )
 def test_bad_records_become_dead_letters_with_reason(value, reason):
@@ -76,6 +77,6 @@ def test_dead_letter_of_a_huge_value_stays_under_one_mebibyte():
 
 
 def test_dead_letter_json_is_ascii_even_for_odd_details():
-    letter = DeadLetter(reason=DecodeReason.DECODE_ERROR, detail="bad \ud800 thing", source=SRC, value=b"v")
+    letter = DeadLetter(reason=Reason.DECODE_ERROR, detail="bad \ud800 thing", source=SRC, value=b"v")
     assert letter.to_json().isascii()
     assert json.loads(letter.to_json())["value_truncated"] is False

@@ -2,14 +2,15 @@
 
 Two PyFlink scalar functions score a ``STRING`` column with the sentiment
 model and return ``ROW<score DOUBLE, label STRING, model_sha256 STRING,
-error STRING>``:
+reason STRING, detail STRING>``:
 
 * :class:`AsyncSentimentFunction`, an ``AsyncScalarFunction`` (PyFlink 2.3):
   each row's ``eval`` awaits :meth:`ModelRuntime.infer`, so the rows in flight
   (up to ``table.exec.async-scalar.max-concurrent-operations``) form batches;
 * :class:`PandasSentimentFunction`, a vectorized (``func_type="pandas"``)
   ``ScalarFunction``: each Arrow batch (up to ``python.fn-execution.arrow.
-  batch.size`` rows) goes to :meth:`ModelRuntime.infer_many` at once.
+  batch.size`` rows) goes to :meth:`ModelRuntime.infer_batch` at once (one
+  tokenizer call; the batcher cuts the model batches).
 
 Both acquire the model in ``open()`` (one model and one batcher per Python
 worker, shared with every other operator of the worker that asks for the same
@@ -17,14 +18,16 @@ handler and batching) and release it in ``close()``.
 
 Row outcomes (the same for both functions, so switching them changes nothing):
 
-* text scored: ``(P(fresh), 'fresh'|'rotten', sha256, NULL)``;
-* NULL text: all four fields NULL (SQL's null in, null out; PyFlink's pandas
+* text scored: ``(P(fresh), 'fresh'|'rotten', sha256, NULL, NULL)``;
+* NULL text: all five fields NULL (SQL's null in, null out; PyFlink's pandas
   path cannot emit a NULL struct, only NULL fields, so the async one does the
   same). Test ``s.score IS NULL``, not ``s IS NULL``;
 * inference failed for this row alone (the batcher bisects a failing batch):
-  ``(NULL, NULL, sha256 or NULL, 'inference_error: <type>: <message>')``.
-  Route ``s.error IS NOT NULL`` to a dead-letter table: a bad row is data and
-  never fails the job (PyFlink would retry, then fail, a raising ``eval``).
+  ``(NULL, NULL, sha256 or NULL, 'inference_error', '<type>: <message>')``:
+  ``reason`` and ``detail`` are those of the pipeline's dead letters
+  (:class:`~pyflink_aisp.pipeline.Reason`). Route ``s.reason IS NOT NULL`` to a
+  dead-letter table: a bad row is data and never fails the job (PyFlink would
+  retry, then fail, a raising ``eval``).
 
 PyFlink 2.3.0 bug worked around here (FLINK-39532, apache/flink#28036): its
 async scalar operator hands each row's arguments to ``eval`` *later*, on its
@@ -40,8 +43,8 @@ A non-``STRING`` argument is refused when the query is planned (the input
 type is declared ``STRING``), not row by row: ``CAST`` it.
 
 Configuration comes from Flink global job parameters (``pipeline.global-job-
-parameters``), read in ``open()`` through the ``FunctionContext``; see
-:class:`TableInferenceConfig` for names and defaults.
+parameters``), read in ``open()`` through the ``FunctionContext``: the
+``aisp.*`` names of the options table (:data:`pyflink_aisp.pipeline.OPTIONS`).
 """
 
 from __future__ import annotations
@@ -60,45 +63,16 @@ from pyflink.common import Row
 from pyflink.table import DataTypes
 from pyflink.table.udf import AsyncScalarFunction, FunctionContext, ScalarFunction
 
+from pyflink_aisp.inference import Inferred, ModelRuntime
 from pyflink_aisp.inference._metrics import Window, register_window
-from pyflink_aisp.inference._runtime import Inferred, ModelRuntime
-from pyflink_aisp.inference._sentiment import SentimentHandler
-from pyflink_aisp.inference._table_config import (
-    BATCH_LENGTH_BUCKETS_PARAM,
-    BATCH_MAX_IDLE_PARAM,
-    BATCH_MAX_SIZE_PARAM,
-    BATCH_MAX_TOKENS_PARAM,
-    BATCH_MAX_WAIT_PARAM,
-    INTRA_OP_THREADS_PARAM,
-    LATENCY_SLO_PARAM,
-    MODEL_DIR_ENV,
-    MODEL_DIR_PARAM,
-    MODEL_POINTER_PARAM,
-    MODEL_POLL_INTERVAL_PARAM,
-    STATS_DIR_PARAM,
-    TABLE_BATCHING,
-    JobParameters,
-    TableInferenceConfig,
-)
+from pyflink_aisp.pipeline._config import PipelineOptions
+from pyflink_aisp.pipeline._handlers import handler_for
+from pyflink_aisp.pipeline._outcome import MAX_DETAIL_CHARS, reason_of, sentiment_label
 
 __all__ = [
-    "BATCH_LENGTH_BUCKETS_PARAM",
-    "BATCH_MAX_IDLE_PARAM",
-    "BATCH_MAX_SIZE_PARAM",
-    "BATCH_MAX_TOKENS_PARAM",
-    "BATCH_MAX_WAIT_PARAM",
-    "INTRA_OP_THREADS_PARAM",
-    "LATENCY_SLO_PARAM",
-    "MODEL_DIR_ENV",
-    "MODEL_DIR_PARAM",
-    "MODEL_POINTER_PARAM",
-    "MODEL_POLL_INTERVAL_PARAM",
     "SENTIMENT_RESULT_TYPE",
-    "STATS_DIR_PARAM",
-    "TABLE_BATCHING",
     "AsyncSentimentFunction",
     "PandasSentimentFunction",
-    "TableInferenceConfig",
     "sentiment_label",
 ]
 
@@ -110,7 +84,8 @@ SENTIMENT_RESULT_TYPE = DataTypes.ROW(
         DataTypes.FIELD("score", DataTypes.DOUBLE()),
         DataTypes.FIELD("label", DataTypes.STRING()),
         DataTypes.FIELD("model_sha256", DataTypes.STRING()),
-        DataTypes.FIELD("error", DataTypes.STRING()),
+        DataTypes.FIELD("reason", DataTypes.STRING()),
+        DataTypes.FIELD("detail", DataTypes.STRING()),
     ]
 )
 
@@ -143,11 +118,6 @@ def _snapshot_async_scalar_inputs() -> None:
 _snapshot_async_scalar_inputs()
 
 
-def sentiment_label(score: float) -> str:
-    """``'fresh'`` for P(fresh) ≥ 0.5, else ``'rotten'`` (as the DataStream job labels)."""
-    return "fresh" if score >= 0.5 else "rotten"
-
-
 def _metric_group(context: FunctionContext) -> Any:
     """The function's metric group, or None when ``python.metric.enabled`` is false."""
     try:
@@ -156,7 +126,7 @@ def _metric_group(context: FunctionContext) -> Any:
         return None
 
 
-def _job_parameters(context: FunctionContext) -> JobParameters:
+def _job_parameters(context: FunctionContext) -> Callable[[str, str], str]:
     return context.get_job_parameter  # type: ignore[no-any-return]
 
 
@@ -167,12 +137,12 @@ class _SharedModel:
 
     Metrics (operator metric group ``aisp``): per operator ``recordsIn``,
     ``recordsOut`` (rows scored), ``nullInputs``, ``deadLetters`` (rows with an
-    ``error``), ``endToEndUs`` (P50/P99/Max: ``eval`` entry to its row built;
+    a ``reason``), ``endToEndUs`` (P50/P99/Max: ``eval`` entry to its row built;
     for the pandas function per Arrow batch); per worker model, everything
     :meth:`ModelRuntime.bind_metrics` registers.
     """
 
-    def __init__(self, defaults: TableInferenceConfig | None) -> None:
+    def __init__(self, defaults: PipelineOptions | None) -> None:
         self.defaults = defaults
         self.runtime: ModelRuntime | None = None
         self.counts = {"recordsIn": 0, "recordsOut": 0, "nullInputs": 0, "deadLetters": 0}
@@ -188,9 +158,8 @@ class _SharedModel:
         self.__init__(state["defaults"])  # type: ignore[misc]
 
     def open(self, context: FunctionContext) -> None:
-        config = TableInferenceConfig.from_job_parameters(_job_parameters(context), base=self.defaults)
-        handler = SentimentHandler(config.model_assets(), intra_op_num_threads=config.intra_op_threads)
-        self.runtime = ModelRuntime.acquire(handler, config.batching, swap=config.swap)
+        config = PipelineOptions.from_job_parameters(_job_parameters(context), base=self.defaults)
+        self.runtime = ModelRuntime.acquire(handler_for(config), config.batching(), swap=config.swap())
         group = _metric_group(context)
         if group is not None:
             group = group.add_group("aisp")
@@ -247,33 +216,35 @@ class _SharedModel:
         return snapshot
 
 
-def _scored(inferred: Inferred) -> tuple[float, str, str, None]:
+def _scored(inferred: Inferred) -> tuple[float, str, str, None, None]:
     score = float(inferred.prediction[0])
-    return score, sentiment_label(score), inferred.model_version, None
+    return score, sentiment_label(score), inferred.model_version, None, None
 
 
-def _failed(error: BaseException, version: str | None) -> tuple[None, None, str | None, str]:
-    return None, None, version, f"inference_error: {type(error).__name__}: {error}"[:1000]
+def _failed(error: BaseException, version: str | None) -> tuple[None, None, str | None, str, str]:
+    return None, None, version, reason_of(error).value, f"{type(error).__name__}: {error}"[:MAX_DETAIL_CHARS]
 
 
-_NULL = (None, None, None, None)
+_NULL = (None, None, None, None, None)
+_COLUMNS = ["score", "label", "model_sha256", "reason", "detail"]
 
 
 class AsyncSentimentFunction(AsyncScalarFunction):  # type: ignore[misc]
-    """``sentiment(text STRING) -> ROW<score, label, model_sha256, error>``, async.
+    """``sentiment(text STRING) -> ROW<score, label, model_sha256, reason, detail>``, async.
 
     Every row in flight awaits the worker's shared batcher, so rows of one
     operator (and of other operators of the worker) share model calls. Batches
     are bounded by ``table.exec.async-scalar.max-concurrent-operations`` (rows
     in flight per operator; default 10) and by the bundle: PyFlink waits for
     all in-flight rows at each bundle end. Use
-    :func:`pyflink_aisp.inference.sql.python_worker_settings`.
+    :func:`pyflink_aisp.pipeline.flink_settings` (applied by
+    :func:`pyflink_aisp.pipeline.sql.configure_table_env`).
 
     Args:
         defaults: Config for the job parameters that are not set.
     """
 
-    def __init__(self, defaults: TableInferenceConfig | None = None) -> None:
+    def __init__(self, defaults: PipelineOptions | None = None) -> None:
         self._shared = _SharedModel(defaults)
 
     def open(self, function_context: FunctionContext) -> None:
@@ -322,7 +293,7 @@ class PandasSentimentFunction(ScalarFunction):  # type: ignore[misc]
         defaults: Config for the job parameters that are not set.
     """
 
-    def __init__(self, defaults: TableInferenceConfig | None = None) -> None:
+    def __init__(self, defaults: PipelineOptions | None = None) -> None:
         self._shared = _SharedModel(defaults)
 
     def open(self, function_context: FunctionContext) -> None:
@@ -330,7 +301,7 @@ class PandasSentimentFunction(ScalarFunction):  # type: ignore[misc]
         self._shared.open(function_context)
 
     def eval(self, texts: Any) -> Any:
-        """``(n,)`` Series of texts → ``(n, 4)`` DataFrame ``score, label, model_sha256, error``."""
+        """``(n,)`` Series of texts → ``(n, 5)`` DataFrame ``score, label, model_sha256, reason, detail``."""
         import pandas as pd
 
         shared = self._shared
@@ -351,7 +322,7 @@ class PandasSentimentFunction(ScalarFunction):  # type: ignore[misc]
         shared.counts["recordsOut"] += len(positions) - failed
         shared.counts["deadLetters"] += failed
         shared.e2e_us.add((time.perf_counter() - start) * 1e6)
-        frame = pd.DataFrame(rows, columns=["score", "label", "model_sha256", "error"], dtype=object)
+        frame = pd.DataFrame(rows, columns=_COLUMNS, dtype=object)
         frame["score"] = frame["score"].astype("float64")
         return frame
 
@@ -361,10 +332,10 @@ class PandasSentimentFunction(ScalarFunction):  # type: ignore[misc]
 
 
 def _infer_many(runtime: ModelRuntime, texts: Sequence[str]) -> list[Inferred | BaseException]:
-    """``runtime.infer_many``; a failure of the call itself fails each row, not the job."""
+    """``runtime.infer_batch``; a failure of the call itself fails each row, not the job."""
     if not texts:
         return []
     try:
-        return list(runtime.infer_many(texts))
+        return list(runtime.infer_batch(texts))
     except Exception as exc:
         return [exc] * len(texts)

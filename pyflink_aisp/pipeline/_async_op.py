@@ -21,12 +21,9 @@ from typing import Any, Generic, TypeVar
 
 from pyflink.datastream.functions import AsyncFunction, RuntimeContext
 
-from pyflink_aisp.errors import InferenceError
-from pyflink_aisp.inference._handler import ModelHandler
+from pyflink_aisp.errors import InferenceError, InferenceTimeoutError
+from pyflink_aisp.inference import BatchingConfig, ModelHandler, ModelRuntime, ModelSwapConfig
 from pyflink_aisp.inference._metrics import Window, register_window
-from pyflink_aisp.inference._queue import BatchingConfig
-from pyflink_aisp.inference._runtime import ModelRuntime
-from pyflink_aisp.inference._swap import ModelSwapConfig
 
 __all__ = ["BatchedInferenceFunction"]
 
@@ -119,8 +116,8 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         (reason ``inference_timeout``) when a dead-letter function is set."""
         if self._dead_letter is None:
             return super().timeout(value)
-        return [self._dead(value, InferenceError("inference_timeout: the record waited longer than "
-                                                 "the async operator's timeout"))]
+        return [self._dead(value, InferenceTimeoutError("the record waited longer than the async "
+                                                        "operator's timeout"))]
 
     def _dead(self, value: IN, error: BaseException) -> OUT:
         assert self._dead_letter is not None

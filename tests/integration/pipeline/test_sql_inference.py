@@ -16,7 +16,6 @@ import json
 import re
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,9 @@ from confluent_kafka import Producer
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.inference import OnnxSentimentModel
-from pyflink_aisp.inference.sql import TABLE_BATCHING, TableInferenceConfig, configure_table_env
 from pyflink_aisp.kafka import create_topics
+from pyflink_aisp.pipeline import PipelineOptions
+from pyflink_aisp.pipeline.sql import configure_table_env
 
 pytestmark = pytest.mark.integration
 
@@ -33,8 +33,8 @@ N_REVIEWS = 300
 EXTRA: dict[str, str | None] = {"null-text": None, "empty-text": "", "surrogate": "bad \ud800 text"}
 MAX_BATCH = 32
 FUNCTIONS = {
-    "sentiment": "pyflink_aisp.inference.sql.sentiment",
-    "sentiment_pandas": "pyflink_aisp.inference.sql.sentiment_pandas",
+    "sentiment": "pyflink_aisp.pipeline.sql.sentiment",
+    "sentiment_pandas": "pyflink_aisp.pipeline.sql.sentiment_pandas",
 }
 
 
@@ -61,7 +61,7 @@ def _produce(bootstrap: str, topic: str, records: dict[str, str | None]) -> None
     assert producer.flush(30) == 0
 
 
-def _table_env(mode: str, config: TableInferenceConfig):
+def _table_env(mode: str, config: PipelineOptions):
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
     from pyflink_aisp.local import pipeline_jars_value
@@ -113,11 +113,8 @@ def test_sql_sentiment_over_kafka_equals_the_direct_model(
     create_topics(kafka_bootstrap, [t_in])
     _produce(kafka_bootstrap, t_in, records)
     stats_dir = tmp_path / "stats"
-    config = TableInferenceConfig(
-        model_dir=model_assets.directory,
-        batching=replace(TABLE_BATCHING, max_batch_size=MAX_BATCH),
-        intra_op_threads=1,
-        stats_dir=stats_dir,
+    config = PipelineOptions(
+        model_dir=model_assets.directory, max_batch_size=MAX_BATCH, intra_op_threads=1, stats_dir=stats_dir,
     )
     t_env = _table_env(mode, config)
     t_env.execute_sql(_source_ddl(t_in, kafka_bootstrap))
@@ -126,7 +123,7 @@ def test_sql_sentiment_over_kafka_equals_the_direct_model(
     )
     started = time.monotonic()
     result = t_env.execute_sql(
-        f"SELECT id, s.score, s.label, s.model_sha256, s.error "
+        f"SELECT id, s.score, s.label, s.model_sha256, s.reason "
         f"FROM (SELECT id, {function}(`text`) AS s FROM reviews)"
     )
     with result.collect() as rows:
@@ -135,16 +132,17 @@ def test_sql_sentiment_over_kafka_equals_the_direct_model(
 
     assert set(got) == set(records)
     for key, expected in direct_scores.items():
-        score, label, sha, error = got[key]
-        assert error is None, (key, error)
+        score, label, sha, reason = got[key]
+        assert reason is None, (key, reason)
         assert score == pytest.approx(expected, abs=1e-5), key
         assert label == ("fresh" if score >= 0.5 else "rotten"), key
         assert sha == model_assets.sha256, key
     assert got["null-text"] == (None, None, None, None)
     # A text that is not valid Unicode either scores (decoded with a replacement) or is a
     # per-row error; it never fails the job.
-    score, _, _, error = got["surrogate"]
-    assert (score is None) != (error is None)
+    score, _, _, reason = got["surrogate"]
+    assert (score is None) != (reason is None)
+    assert reason in (None, "inference_error")
 
     scored = len(records) - 1  # all but the null text reach the model
     stats = _read_stats(stats_dir, scored)

@@ -21,6 +21,8 @@ from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.inference import OnnxSentimentModel, SentimentHandler, publish_model
 from pyflink_aisp.kafka import create_topics, read_topic
 from pyflink_aisp.models import sha256_file
+from pyflink_aisp.pipeline import PipelineOptions
+from pyflink_aisp.pipeline.flink import build_pipeline, make_environment
 
 pytestmark = pytest.mark.integration
 
@@ -65,21 +67,22 @@ def _scores(model, reviews):
 
 def _args(bootstrap, t_in, t_out, assets, *extra):
     return ["--bootstrap-servers", bootstrap, "--input-topic", t_in, "--output-topic", t_out,
-            "--model-dir", str(assets.directory), "--checkpoint-interval-ms", "1000", *extra]
+            "--model-dir", str(assets.directory), "--checkpoint-interval-ms", "1000", "--operator", "async",
+            *extra]
 
 
 @pytest.mark.parametrize(("mode", "ordered"), [("batch", False), ("streaming", True)])
 def test_batches_form_under_load_and_outputs_equal_the_models(
-    mode, ordered, kafka_bootstrap, topic, model_assets, review_job, reviews, tmp_path
+    mode, ordered, kafka_bootstrap, topic, model_assets, reviews, tmp_path
 ):
     t_in, t_out = topic("in"), topic("out")
     create_topics(kafka_bootstrap, [t_in, t_out])
     _produce(kafka_bootstrap, t_in, reviews)  # all waiting before the job starts: load
     log = tmp_path / "batches.txt"
-    cfg = review_job.parse_args(_args(kafka_bootstrap, t_in, t_out, model_assets, "--mode", mode,
+    cfg = PipelineOptions.from_args(_args(kafka_bootstrap, t_in, t_out, model_assets, "--mode", mode,
                                       "--max-batch-size", "64", "--capacity", "128",
                                       *(["--ordered"] if ordered else [])))
-    result = review_job.build_and_run(review_job.make_environment(cfg), cfg,
+    result = build_pipeline(make_environment(cfg), cfg,
                                       handler=BatchLoggingHandler(model_assets, log))
     try:
         if mode == "batch":
@@ -103,7 +106,7 @@ def test_batches_form_under_load_and_outputs_equal_the_models(
 
 
 def test_a_slow_model_backpressures_the_source_instead_of_timing_out(
-    kafka_bootstrap, topic, model_assets, review_job, reviews, tmp_path
+    kafka_bootstrap, topic, model_assets, reviews, tmp_path
 ):
     t_in, t_out = topic("in"), topic("out")
     dlq = f"{t_out}.dlq"
@@ -113,10 +116,10 @@ def test_a_slow_model_backpressures_the_source_instead_of_timing_out(
     log = tmp_path / "batches.txt"
     # 120 records in batches of <= 8, each batch >= 0.3 s: >= 4.5 s of model time, while a
     # record may wait at most 2 s; only the capacity of 8 in flight keeps every record in time.
-    cfg = review_job.parse_args(_args(kafka_bootstrap, t_in, t_out, model_assets, "--mode", "batch",
+    cfg = PipelineOptions.from_args(_args(kafka_bootstrap, t_in, t_out, model_assets, "--mode", "batch",
                                       "--max-batch-size", "8", "--capacity", "8", "--timeout-s", "2"))
     start = time.monotonic()
-    review_job.build_and_run(review_job.make_environment(cfg), cfg,
+    build_pipeline(make_environment(cfg), cfg,
                              handler=BatchLoggingHandler(model_assets, log, delay_s=0.3)).wait()
     elapsed = time.monotonic() - start
     out = read_topic(kafka_bootstrap, t_out, min_count=len(slow), timeout_s=60, quiet_s=2)
@@ -139,7 +142,7 @@ def _version_two(assets, directory: Path) -> Path:
 
 
 def test_hot_swap_mid_stream_tags_outputs_and_refuses_a_bad_model(
-    kafka_bootstrap, topic, model_assets, review_job, reviews, tmp_path
+    kafka_bootstrap, topic, model_assets, reviews, tmp_path
 ):
     t_in, t_out = topic("in"), topic("out")
     create_topics(kafka_bootstrap, [t_in, t_out])
@@ -148,9 +151,9 @@ def test_hot_swap_mid_stream_tags_outputs_and_refuses_a_bad_model(
     v2_path = _version_two(model_assets, tmp_path)
     v2 = sha256_file(v2_path)
     first, second, third = reviews[:80], reviews[80:160], reviews[160:200]
-    cfg = review_job.parse_args(_args(kafka_bootstrap, t_in, t_out, model_assets,
+    cfg = PipelineOptions.from_args(_args(kafka_bootstrap, t_in, t_out, model_assets,
                                       "--model-pointer", str(pointer)))
-    run = review_job.build_and_run(review_job.make_environment(cfg), cfg)
+    run = build_pipeline(make_environment(cfg), cfg)
     try:
         _produce(kafka_bootstrap, t_in, first)
         read_topic(kafka_bootstrap, t_out, min_count=len(first), timeout_s=120, quiet_s=1)

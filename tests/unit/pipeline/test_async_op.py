@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from pyflink_aisp.errors import InferenceError
-from pyflink_aisp.inference import BatchedInferenceFunction, BatchingConfig, ModelHandler
+from pyflink_aisp.errors import InferenceError, InferenceTimeoutError
+from pyflink_aisp.inference import BatchingConfig, ModelHandler
+from pyflink_aisp.pipeline import Reason, reason_of
+from pyflink_aisp.pipeline.flink import BatchedInferenceFunction
 
 
 class Group:
@@ -50,7 +52,7 @@ def make(dead_letter=True):
     return BatchedInferenceFunction(
         LengthHandler(str(Path.cwd())), batching=BatchingConfig(max_batch_size=4, max_wait_ms=1),
         extract=lambda rec: rec["text"], emit=lambda rec, pred, ver: (rec["id"], pred, ver[:4]),
-        dead_letter=(lambda rec, err: ("DLQ", rec["id"], str(err))) if dead_letter else None,
+        dead_letter=(lambda rec, err: ("DLQ", rec["id"], reason_of(err), err)) if dead_letter else None,
     )
 
 
@@ -67,8 +69,11 @@ def test_records_are_scored_in_batches_and_bad_ones_dead_lettered():
     gauges = {name: read() for name, read in ctx.group.gauges.items()}
     fn.close()
     assert out[:5] == [[(i, i, "abab")] for i in range(1, 6)]
-    assert out[5] == [("DLQ", 9, "poisoned")]
-    assert out[6][0][:2] == ("DLQ", 10)  # extract raised KeyError: dead-lettered, not a job failure
+    ((tag, rid, reason, error),) = out[5]
+    assert (tag, rid, reason, str(error)) == ("DLQ", 9, Reason.INFERENCE_ERROR, "poisoned")
+    assert type(error) is RuntimeError
+    ((tag, rid, reason, error),) = out[6]  # extract raised KeyError: dead-lettered, not a job failure
+    assert (tag, rid, reason, type(error)) == ("DLQ", 10, Reason.INFERENCE_ERROR, KeyError)
     assert gauges["recordsIn"] == 7 and gauges["recordsOut"] == 5 and gauges["deadLetters"] == 2
     assert gauges["endToEndUsMax"] >= gauges["endToEndUsP50"] > 0 and gauges["serializationUsP99"] >= 0
     assert gauges["inferenceFailures"] == 1 and gauges["bisections"] >= 1
@@ -77,7 +82,8 @@ def test_records_are_scored_in_batches_and_bad_ones_dead_lettered():
 def test_a_timed_out_record_is_dead_lettered_or_fails_without_a_dlq():
     fn = make()
     (letter,) = fn.timeout({"id": 3, "text": "t"})
-    assert letter[:2] == ("DLQ", 3) and letter[2].startswith("inference_timeout")
+    assert letter[:3] == ("DLQ", 3, Reason.INFERENCE_TIMEOUT) and isinstance(letter[3], InferenceTimeoutError)
+    assert fn._counts["deadLetters"] == 1
     with pytest.raises(TimeoutError):
         make(dead_letter=False).timeout({"id": 3, "text": "t"})
 

@@ -1,0 +1,306 @@
+"""A ModelHandler for any ONNX text encoder fed by a HF ``tokenizer.json``.
+
+:class:`OnnxEncoderHandler` runs one output of an ONNX graph (an export of a
+sentence-transformers model, a HF ``last_hidden_state`` export, the project's
+own ``model.onnx`` ...) and pools it into one float32 vector per text (see
+:mod:`pyflink_aisp.inference._encoder_common` for the pooling and the batch
+hooks). Nothing about the graph is assumed beyond what it declares: at load
+the handler reads the graph's inputs and outputs from the ONNX Runtime session
+(``InferenceSession.get_inputs()`` / ``get_outputs()``), feeds the tokenizer
+fields it declares (or those named in ``inputs``), and refuses an output that
+does not exist or whose declared rank does not fit the pooling.
+
+Execution providers follow :mod:`pyflink_aisp.inference._onnx`: the caller
+names them (CPU by default), and a requested provider that this onnxruntime
+build lacks or that ORT drops while creating the session raises
+:class:`~pyflink_aisp.errors.ModelError` instead of running on another device.
+Inputs go through ``session.run`` (ORT copies them to a GPU provider's device);
+the pooling runs on the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+
+from pyflink_aisp.errors import ConfigError, ModelError
+from pyflink_aisp.inference._encoder_common import (
+    Pooling,
+    TextEncoderHandler,
+    TokenField,
+    check_token_fields,
+    coerce_pooling,
+    pool_embeddings,
+    resolve_max_length,
+)
+from pyflink_aisp.inference._onnx import (
+    ExecutionProvider,
+    ProviderSpec,
+    _split_providers,
+    normalize_providers,
+    provider_device,
+)
+from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizerConfig
+
+__all__ = ["OnnxEncoderHandler", "OnnxEncoderModel"]
+
+_VERSION_TAG = "pyflink-aisp/onnx-encoder/1"
+#: ONNX Runtime type strings of integer inputs the padded int64 batches can be cast to.
+_INT_INPUTS: dict[str, type[np.integer]] = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
+_FLOAT_OUTPUTS = frozenset({"tensor(float)", "tensor(float16)", "tensor(double)", "tensor(bfloat16)"})
+
+
+class OnnxEncoderModel:
+    """An open ONNX Runtime session plus the tokenizer and the feed/output plan.
+
+    Thread-safety: :meth:`embed` may be called from several threads
+    (``InferenceSession.run`` and the tokenizer are thread-safe).
+
+    Attributes:
+        session: The session.
+        tokenizer: Truncates to the handler's ``max_length``.
+        feeds: ``{tokenizer field: (graph input name, numpy dtype)}``.
+        output: Name of the graph output that is pooled.
+        pooling: The reduction of that output.
+        normalize: L2-normalise the pooled vectors.
+    """
+
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        tokenizer: ArrowTokenizer,
+        *,
+        feeds: Mapping[TokenField, tuple[str, type[np.integer]]],
+        output: str,
+        pooling: Pooling,
+        normalize: bool,
+    ) -> None:
+        self.session = session
+        self.tokenizer = tokenizer
+        self.feeds = dict(feeds)
+        self.output = output
+        self.pooling = pooling
+        self.normalize = normalize
+
+    def embed(self, padded: PaddedBatch) -> npt.NDArray[np.float32]:
+        """One ``session.run`` on a padded batch, then pooling.
+
+        Args:
+            padded: ``(k, seq_len)`` int64 inputs (right padding).
+
+        Returns:
+            ``(k, dim)`` float32, in the order of the padded rows.
+
+        Raises:
+            ModelError: The output's actual rank or dtype does not fit the pooling.
+        """
+        inputs = padded.model_inputs()
+        feed = {
+            name: inputs[field.value].astype(dtype, copy=False) for field, (name, dtype) in self.feeds.items()
+        }
+        (output,) = self.session.run([self.output], feed)
+        return pool_embeddings(
+            np.asarray(output),
+            padded.attention_mask,
+            self.pooling,
+            normalize=self.normalize,
+            source=self.output,
+        )
+
+    @property
+    def providers(self) -> list[str]:
+        """Execution providers of the session, in priority order."""
+        return list(self.session.get_providers())
+
+
+class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
+    """Embeds texts with any ONNX text encoder and its ``tokenizer.json``.
+
+    Predictions are ``(dim,)`` float32 vectors (see :class:`Pooling`). The model
+    version is the sha256 of a text holding the sha256 of ``model_path`` and of
+    ``tokenizer_path`` and the options that change outputs (``output``,
+    ``pooling``, ``normalize``, ``max_length``, the input mapping); it is
+    computed from the files on first use and re-checked by :meth:`load_model`.
+    Hot swap is not supported (build a new handler for new files).
+
+    Args:
+        model_path: The ``.onnx`` file (external data beside it, as ORT finds it).
+        tokenizer_path: The HF ``tokenizer.json`` the model was trained with.
+        output: Graph output to pool; None: the graph's only output.
+        pooling: How the output becomes one vector (default ``MEAN``: a
+            ``(batch, seq_len, dim)`` ``last_hidden_state``-like output).
+        normalize: Divide by the L2 norm (eps 1e-12), as sentence-transformers' ``Normalize``.
+        max_length: Truncate texts to this many tokens, special tokens
+            included; None: the ``tokenizer.json``'s ``truncation.max_length``,
+            else 128 (:data:`DEFAULT_MAX_LENGTH`). Keep it within the model's
+            position embeddings.
+        inputs: ``{tokenizer field: graph input name}``; None: each of
+            ``input_ids``/``attention_mask``/``token_type_ids`` that the graph
+            declares under that name. Every graph input must be fed.
+        providers: ONNX Runtime execution providers in priority order (default CPU).
+        device_id: CUDA device of the CUDA/TensorRT providers (None: their option, else 0).
+        intra_op_num_threads: ORT intra-op threads; None: ORT's default (one per physical core).
+
+    Raises:
+        ConfigError: A bad pooling name, ``max_length`` or thread count < 1, a
+            bad ``inputs`` mapping, an empty ``output``, or a provider list as
+            :func:`~pyflink_aisp.inference.normalize_providers` refuses.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_path: Path | str,
+        tokenizer_path: Path | str,
+        output: str | None = None,
+        pooling: Pooling | str = Pooling.MEAN,
+        normalize: bool = False,
+        max_length: int | None = None,
+        inputs: Mapping[TokenField | str, str] | None = None,
+        providers: Sequence[ProviderSpec] = (ExecutionProvider.CPU,),
+        device_id: int | None = None,
+        intra_op_num_threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        if max_length is not None and max_length < 1:
+            raise ConfigError(f"max_length must be >= 1 or None, got {max_length}")
+        if intra_op_num_threads is not None and intra_op_num_threads < 1:
+            raise ConfigError(f"intra_op_num_threads must be >= 1 or None, got {intra_op_num_threads}")
+        if output is not None and (not isinstance(output, str) or not output):
+            raise ConfigError(f"output must be a non-empty graph output name or None, got {output!r}")
+        self._model_path = Path(model_path)
+        self._tokenizer_path = Path(tokenizer_path)
+        self._output = output
+        self._pooling = coerce_pooling(pooling)
+        self._normalize = bool(normalize)
+        self._max_length = max_length
+        self._inputs = check_token_fields(inputs)
+        self._providers = normalize_providers(providers, device_id)
+        self._device = provider_device(self._providers)
+        self._threads = intra_op_num_threads
+
+    def _version_inputs(self) -> tuple[str, list[Path], dict[str, str]]:
+        mapping = (
+            "auto"
+            if self._inputs is None
+            else ",".join(f"{field.value}:{name}" for field, name in sorted(self._inputs.items()))
+        )
+        options = {
+            "output": self._output or "<only>",
+            "pooling": self._pooling.value,
+            "normalize": str(self._normalize),
+            "max_length": str(self._max_length or "auto"),
+            "inputs": mapping,
+        }
+        return _VERSION_TAG, [self._model_path, self._tokenizer_path], options
+
+    def load_model(self) -> OnnxEncoderModel:
+        """Check the files, open the session on the configured providers and plan feeds/output.
+
+        Raises:
+            ModelError: A file is missing or does not load, a provider is
+                unavailable or dropped by ORT (no fallback), a graph input is not
+                fed or is not an integer tensor, a mapped input does not exist,
+                or ``output`` does not exist / its declared rank or type does
+                not fit ``pooling``.
+            ChecksumError: The files changed since :meth:`model_version` was taken.
+        """
+        self._check_version()
+        tokenizer = ArrowTokenizer.from_file(
+            self._tokenizer_path,
+            TokenizerConfig(max_length=resolve_max_length(self._tokenizer_path, self._max_length)),
+        )
+        session = self._open_session()
+        feeds = self._plan_feeds(session)
+        output = self._plan_output(session)
+        return OnnxEncoderModel(
+            session, tokenizer, feeds=feeds, output=output, pooling=self._pooling, normalize=self._normalize
+        )
+
+    def _open_session(self) -> ort.InferenceSession:
+        names, options = _split_providers(self._providers)
+        session_options = ort.SessionOptions()
+        session_options.inter_op_num_threads = 1
+        if self._threads is not None:
+            session_options.intra_op_num_threads = self._threads
+        try:
+            session = ort.InferenceSession(
+                str(self._model_path), sess_options=session_options, providers=names, provider_options=options
+            )
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/RuntimeError types
+            raise ModelError(f"cannot load {self._model_path}: {exc}") from exc
+        dropped = [name for name in names if name not in session.get_providers()]
+        if dropped:
+            raise ModelError(
+                f"onnxruntime could not initialise {dropped} for {self._model_path} "
+                f"(session has {session.get_providers()}); refusing to fall back"
+            )
+        return session
+
+    def _plan_feeds(self, session: ort.InferenceSession) -> dict[TokenField, tuple[str, type[np.integer]]]:
+        """``{field: (input name, dtype)}`` covering every graph input.
+
+        Raises:
+            ModelError: As :meth:`load_model` for inputs.
+        """
+        declared = {arg.name: arg.type for arg in session.get_inputs()}
+        mapping = self._inputs
+        if mapping is None:
+            mapping = {field: field.value for field in TokenField if field.value in declared}
+        unknown = sorted(name for name in mapping.values() if name not in declared)
+        if unknown:
+            raise ModelError(f"{self._model_path} has no input(s) {unknown}; it declares {sorted(declared)}")
+        unfed = sorted(set(declared) - set(mapping.values()))
+        if unfed:
+            raise ModelError(
+                f"graph input(s) {unfed} of {self._model_path} are not fed by the tokenizer; "
+                f"map them with inputs={{field: name}} (fields: {[f.value for f in TokenField]})"
+            )
+        feeds: dict[TokenField, tuple[str, type[np.integer]]] = {}
+        for field, name in mapping.items():
+            dtype = _INT_INPUTS.get(declared[name])
+            if dtype is None:
+                raise ModelError(f"graph input {name!r} is {declared[name]}, expected tensor(int64|int32)")
+            feeds[field] = (name, dtype)
+        return feeds
+
+    def _plan_output(self, session: ort.InferenceSession) -> str:
+        """The output name, checked against the declared outputs, rank and type.
+
+        Raises:
+            ModelError: As :meth:`load_model` for the output.
+        """
+        declared: dict[str, Any] = {arg.name: arg for arg in session.get_outputs()}
+        name = self._output
+        if name is None:
+            if len(declared) != 1:
+                raise ModelError(
+                    f"{self._model_path} has outputs {sorted(declared)}; choose one with output="
+                )
+            name = next(iter(declared))
+        if name not in declared:
+            raise ModelError(f"{self._model_path} has no output {name!r}; it declares {sorted(declared)}")
+        arg = declared[name]
+        shape = arg.shape if isinstance(arg.shape, list) else []
+        if shape and len(shape) != self._pooling.output_rank:
+            raise ModelError(
+                f"output {name!r} of {self._model_path} has shape {shape} (rank {len(shape)}); pooling "
+                f"{self._pooling.name} needs rank {self._pooling.output_rank}"
+            )
+        if arg.type not in _FLOAT_OUTPUTS:
+            raise ModelError(f"output {name!r} of {self._model_path} is {arg.type}, not floating point")
+        return str(name)
+
+    @property
+    def providers(self) -> list[str]:
+        """The configured execution provider names, in priority order."""
+        return [name for name, _ in self._providers]
+
+    def device(self) -> str:
+        """``"cuda:N"`` when the first provider is CUDA/TensorRT, else ``"cpu"``."""
+        return self._device

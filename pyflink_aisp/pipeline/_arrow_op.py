@@ -1,0 +1,155 @@
+"""The batch-native inference operator: Arrow record batches in, Arrow record batches out.
+
+:class:`ArrowInferenceFunction` is a vectorized (``func_type="pandas"``) PyFlink
+scalar function used with ``Table.map`` over the Kafka source table: PyFlink
+hands it one pandas DataFrame per Arrow batch (up to
+``python.fn-execution.arrow.batch.size`` records) with the columns ``value``
+(raw bytes), ``topic``, ``partition``, ``offset``, and takes back a DataFrame
+``key``, ``value``, ``dead`` (JSON output or dead letter; the split into the
+two sinks happens in the JVM). Per batch: every value is JSON-decoded (bad
+ones become dead letters with their reason), the texts go to the worker's
+shared :class:`~pyflink_aisp.inference.ModelRuntime` in one
+:meth:`~pyflink_aisp.inference.ModelRuntime.infer_batch` call (one tokenizer
+call; the batcher cuts the model's real batches, sorted by length, within the
+batch size, token budget, buckets and OOM cap in force), and the outcomes are
+rendered. No per-record future, coroutine or token count.
+
+Records leave in their input order. A bundle ends after
+``python.fn-execution.bundle.time``; outputs go to the sinks then.
+
+Metrics (operator group ``aisp``, gauges): ``recordsIn``, ``recordsOut``,
+``deadLetters``, ``arrowBatches``, P50/P99/Max of ``arrowBatchSize``,
+``serializationUs`` (decode + render per Arrow batch) and ``endToEndUs``
+(per Arrow batch, entry to output), plus the runtime's own (batch sizes,
+queue wait, compute, swaps).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pyflink.table import DataTypes
+from pyflink.table.udf import FunctionContext, ScalarFunction, udf
+
+from pyflink_aisp.inference import BatchingConfig, ModelHandler, ModelRuntime, ModelSwapConfig
+from pyflink_aisp.inference._metrics import Window, register_window
+from pyflink_aisp.kafka import DeadLetter, DecodedRecord, decode_record
+from pyflink_aisp.pipeline._outcome import DeadLettered, scored_json
+
+__all__ = ["SCORED_ROW_TYPE", "ArrowInferenceFunction", "arrow_inference_udf"]
+
+#: Output rows of the operator: Kafka key and value, and whether it is a dead letter.
+SCORED_ROW_TYPE = DataTypes.ROW([
+    DataTypes.FIELD("key", DataTypes.STRING()),
+    DataTypes.FIELD("value", DataTypes.STRING()),
+    DataTypes.FIELD("dead", DataTypes.BOOLEAN()),
+])
+
+
+class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
+    """Decode, infer and render one Arrow batch of raw Kafka records.
+
+    Args:
+        handler: Loads the model (once per worker, shared by its operators) and
+            runs the model batches.
+        batching: Batch size, token budget, buckets, optional p99 target.
+        swap: Hot-swap pointer to poll; None: never swap.
+        with_embedding: Add the sentiment model's embedding to each output.
+    """
+
+    def __init__(self, handler: ModelHandler[Any, Any, Any], *, batching: BatchingConfig,
+                 swap: ModelSwapConfig | None = None, with_embedding: bool = False) -> None:
+        self._handler = handler
+        self._batching = batching
+        self._swap = swap
+        self._with_embedding = with_embedding
+        self._runtime: ModelRuntime | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_runtime"] = None
+        return state
+
+    def open(self, function_context: FunctionContext) -> None:
+        """Acquire the worker's model and register the metrics.
+
+        Raises:
+            ModelError: The model cannot be loaded.
+        """
+        self._runtime = ModelRuntime.acquire(self._handler, self._batching, swap=self._swap)
+        self._counts = {"recordsIn": 0, "recordsOut": 0, "deadLetters": 0, "arrowBatches": 0}
+        self._sizes, self._serde_us, self._e2e_us = Window(), Window(), Window()
+        try:
+            group = function_context.get_metric_group().add_group("aisp")
+        except RuntimeError:  # python.metric.enabled = false
+            return
+        for name in self._counts:
+            group.gauge(name, self._count_reader(name))
+        for name, window in (("arrowBatchSize", self._sizes), ("serializationUs", self._serde_us),
+                             ("endToEndUs", self._e2e_us)):
+            register_window(group, name, window)
+        self._runtime.bind_metrics(group)
+
+    def _count_reader(self, name: str) -> Callable[[], int]:
+        return lambda: self._counts[name]
+
+    def eval(self, frame: Any) -> Any:
+        """``(n, 4)`` DataFrame ``value, topic, partition, offset`` → ``(n, 3)``
+        DataFrame ``key, value, dead``, in input order; never raises for a record."""
+        import pandas as pd
+
+        runtime = self._runtime
+        if runtime is None:
+            raise RuntimeError("ArrowInferenceFunction.eval called before open()")
+        start = time.perf_counter()
+        raw = frame.iloc[:, 0].tolist()
+        decoded = list(map(decode_record, raw, frame.iloc[:, 1].tolist(), frame.iloc[:, 2].tolist(),
+                           frame.iloc[:, 3].tolist()))
+        good = [i for i, d in enumerate(decoded) if isinstance(d, DecodedRecord)]
+        texts = [d.text for d in decoded if isinstance(d, DecodedRecord)]
+        decoded_s = time.perf_counter()
+        outcomes = runtime.infer_batch(texts) if texts else []
+        inferred_s = time.perf_counter()
+        keys: list[str] = [""] * len(decoded)
+        values: list[str] = [""] * len(decoded)
+        dead = [True] * len(decoded)
+        for i, letter in enumerate(decoded):
+            if isinstance(letter, DeadLetter):
+                keys[i], values[i] = letter.source.default_id(), letter.to_json()
+        for i, outcome in zip(good, outcomes, strict=True):
+            record = decoded[i]
+            assert isinstance(record, DecodedRecord)
+            keys[i] = record.id
+            if isinstance(outcome, BaseException):
+                values[i] = DeadLettered.of_error(
+                    outcome, id=record.id, topic=frame.iat[i, 1], partition=int(frame.iat[i, 2]),
+                    offset=int(frame.iat[i, 3]), value=raw[i]).to_json()
+            else:
+                values[i] = scored_json(record.id, outcome.prediction, outcome.model_version,
+                                        with_embedding=self._with_embedding)
+                dead[i] = False
+        end = time.perf_counter()
+        self._record(len(decoded), len(decoded) - sum(dead), start, decoded_s, inferred_s, end)
+        return pd.DataFrame({"key": keys, "value": values, "dead": dead})
+
+    def _record(self, n: int, scored: int, start: float, decoded: float, inferred: float, end: float) -> None:
+        self._counts["recordsIn"] += n
+        self._counts["recordsOut"] += scored
+        self._counts["deadLetters"] += n - scored
+        self._counts["arrowBatches"] += 1
+        self._sizes.add(n)
+        self._serde_us.add((decoded - start + end - inferred) * 1e6)
+        self._e2e_us.add((end - start) * 1e6)
+
+    def close(self) -> None:
+        """Release the worker's model (freed when its last user closes)."""
+        if self._runtime is not None:
+            self._runtime.release()
+            self._runtime = None
+
+
+def arrow_inference_udf(function: ArrowInferenceFunction) -> Any:
+    """``function`` as a pandas UDF for ``Table.map`` (input: all columns of the table)."""
+    return udf(function, result_type=SCORED_ROW_TYPE, func_type="pandas")

@@ -1,0 +1,177 @@
+"""``build_pipeline``: Kafka source → decode + inference → split → exactly-once Kafka sinks.
+
+The job graph of every packaged inference job, built from
+:class:`~pyflink_aisp.pipeline.PipelineOptions`:
+
+* source: a Kafka table of raw values with ``topic``/``partition``/``offset``
+  metadata (:class:`~pyflink_aisp.kafka.KafkaSourceTable`), bounded at the
+  latest offsets in BATCH mode;
+* decode + inference, one Python operator: ``--operator arrow`` (default) is
+  ``Table.map`` with :class:`~pyflink_aisp.pipeline._arrow_op.ArrowInferenceFunction`
+  (Arrow batches end to end); ``--operator async`` is PyFlink's
+  ``AsyncDataStream`` with
+  :class:`~pyflink_aisp.pipeline._async_op.BatchedInferenceFunction`
+  (one coroutine per record; ``--ordered`` keeps input order);
+* split in the JVM on the ``dead`` column, one ``INSERT`` per sink (each its
+  own transactional id prefix): outputs to ``output_topic``, dead letters to
+  the DLQ topic, both exactly once.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from pyflink.common import Configuration, Row, Time, Types
+from pyflink.datastream import (
+    AsyncDataStream,
+    CheckpointingMode,
+    RuntimeExecutionMode,
+    StreamExecutionEnvironment,
+)
+from pyflink.table import StreamTableEnvironment, Table, TableResult
+from pyflink.table.expressions import col, lit
+
+from pyflink_aisp.errors import ConfigError, KafkaError
+from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.kafka import (
+    KafkaSinkTable,
+    KafkaSourceTable,
+    StartupMode,
+    create_topics,
+    default_bootstrap_servers,
+    list_topics,
+)
+from pyflink_aisp.kafka.flink import UndecodableRecord, decode_row
+from pyflink_aisp.pipeline._arrow_op import ArrowInferenceFunction, arrow_inference_udf
+from pyflink_aisp.pipeline._async_op import BatchedInferenceFunction
+from pyflink_aisp.pipeline._config import PipelineOptions, flink_settings
+from pyflink_aisp.pipeline._connector import connector_jars
+from pyflink_aisp.pipeline._handlers import handler_for
+from pyflink_aisp.pipeline._options import Runner
+from pyflink_aisp.pipeline._outcome import DeadLettered, scored_json
+
+__all__ = ["SCORED_TYPE", "build_pipeline", "make_environment"]
+
+_DEFAULT_STARTUP = {"batch": StartupMode.EARLIEST, "streaming": StartupMode.GROUP_OFFSETS}
+
+#: Output of the async inference step: Kafka key and value, and whether it is a dead letter.
+SCORED_TYPE = Types.ROW_NAMED(["key", "value", "dead"], [Types.STRING(), Types.STRING(), Types.BOOLEAN()])
+
+
+def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
+    """A table environment in the options' runtime mode, with the connector jar and
+    the derived Python-worker settings (:func:`~pyflink_aisp.pipeline.flink_settings`).
+
+    The connector is appended with ``add_jars`` (not by setting ``pipeline.jars``),
+    so the jars that ``flink run -py`` puts there (flink-python) stay.
+
+    Raises:
+        ConfigError: No connector jar (see :func:`~pyflink_aisp.pipeline.connector_jars`).
+    """
+    jars = connector_jars(options.jars)
+    conf = Configuration()
+    for key, value in flink_settings(options).items():
+        conf.set_string(key, value)
+    env = StreamExecutionEnvironment.get_execution_environment(conf)
+    env.add_jars(*jars)
+    env.set_python_executable(sys.executable)
+    env.set_parallelism(options.parallelism)
+    if options.mode == "batch":
+        env.set_runtime_mode(RuntimeExecutionMode.BATCH)
+    else:
+        env.set_runtime_mode(RuntimeExecutionMode.STREAMING)
+        env.enable_checkpointing(options.checkpoint_interval_ms, CheckpointingMode.EXACTLY_ONCE)
+    t_env = StreamTableEnvironment.create(env)
+    # Also on the table config: the Table API's Python operators (the Arrow map) read it there.
+    for key, value in flink_settings(options).items():
+        t_env.get_config().set(key, value)
+    return t_env
+
+
+def build_pipeline(
+    t_env: StreamTableEnvironment,
+    options: PipelineOptions,
+    handler: ModelHandler[Any, Any, Any] | None = None,
+) -> TableResult:
+    """Declare the Kafka tables, build the job graph and submit it.
+
+    Args:
+        t_env: From :func:`make_environment` (or any table environment set up alike).
+        options: Topics, mode, operator, batching, model.
+        handler: Replaces the handler the options name (a user's own handler).
+
+    Returns:
+        The submitted job's ``TableResult`` (``.wait()`` for a bounded run;
+        ``.get_job_client().cancel()`` to stop a streaming one).
+
+    Raises:
+        ConfigError: No input or output topic.
+        KafkaError: The broker is unreachable or the input topic does not exist.
+        ModelError: The model assets cannot be found or built.
+    """
+    if not options.input_topic or not options.output_topic:
+        raise ConfigError("build_pipeline needs input_topic and output_topic")
+    servers = options.bootstrap_servers or default_bootstrap_servers()
+    handler = handler or handler_for(options)
+    if options.input_topic not in list_topics(servers):
+        raise KafkaError(f"input topic {options.input_topic} does not exist on {servers}")
+    create_topics(servers, [options.output_topic, options.dlq])
+    scored = _scored_table(t_env, options, servers, handler)
+    prefix = options.transactional_id_prefix or options.group
+    statements = t_env.create_statement_set()
+    for name, topic, kind, dead in (("scores_out", options.output_topic, "scores", False),
+                                    ("dlq_out", options.dlq, "dlq", True)):
+        sink = KafkaSinkTable(name=name, topic=topic, bootstrap_servers=servers,
+                              transactional_id_prefix=f"{prefix}-{kind}")
+        t_env.execute_sql(sink.ddl())
+        rows = scored.where(col("dead") == lit(dead)).select(col("key"), col("value"))
+        statements.add_insert(name, rows)
+    return statements.execute()
+
+
+def _scored_table(
+    t_env: StreamTableEnvironment, options: PipelineOptions, servers: str,
+    handler: ModelHandler[Any, Any, Any],
+) -> Table:
+    """Source → decode + inference: a table ``(key, value, dead)``."""
+    startup = StartupMode(options.startup_mode) if options.startup_mode else _DEFAULT_STARTUP[options.mode]
+    source = KafkaSourceTable(name="records_in", topic=str(options.input_topic), bootstrap_servers=servers,
+                              group_id=options.group, bounded=options.mode == "batch", startup_mode=startup)
+    t_env.execute_sql(source.ddl())
+    raw = t_env.from_path("records_in")
+    if options.operator is Runner.ARROW:
+        function = ArrowInferenceFunction(handler, batching=options.batching(), swap=options.swap(),
+                                          with_embedding=options.with_embedding)
+        return raw.map(arrow_inference_udf(function)).alias("key", "value", "dead")
+    scorer = BatchedInferenceFunction(
+        handler, batching=options.batching(), prepare=decode_row, extract=_text,
+        emit=_async_output(options.with_embedding), dead_letter=_async_dead_letter, swap=options.swap())
+    wait = AsyncDataStream.ordered_wait if options.ordered else AsyncDataStream.unordered_wait
+    stream = wait(t_env.to_data_stream(raw), scorer, Time.seconds(options.timeout_s), options.capacity,
+                  SCORED_TYPE).name("decode+tokenize+infer")
+    return t_env.from_data_stream(stream)
+
+
+def _text(record: Row) -> str:
+    return str(record[1])
+
+
+def _async_output(with_embedding: bool) -> Any:
+    def emit(record: Row, prediction: Any, version: str) -> Row:
+        value = scored_json(record[0], prediction, version, with_embedding=with_embedding)
+        return Row(key=record[0], value=value, dead=False)
+
+    return emit
+
+
+def _async_dead_letter(raw: Row, error: BaseException) -> Row:
+    """A DLQ row for a raw Kafka row ``(value, topic, partition, offset)``: its decode
+    dead letter, or the dead letter of its failed or timed-out inference."""
+    if isinstance(error, UndecodableRecord):
+        return Row(key=error.letter.source.default_id(), value=error.letter.to_json(), dead=True)
+    record = decode_row(raw)  # it decoded before, or inference would not have run
+    value = None if raw[0] is None else bytes(raw[0])
+    letter = DeadLettered.of_error(error, id=record[0], topic=record[2], partition=record[3],
+                                   offset=record[4], value=value)
+    return Row(key=letter.key, value=letter.to_json(), dead=True)

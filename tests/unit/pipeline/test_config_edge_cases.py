@@ -1,0 +1,122 @@
+"""Edge cases found by breaking: job flags and SQL job parameters (no services, no JVM)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.inference import BatchingConfig
+from pyflink_aisp.pipeline import PipelineOptions, flink_settings
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _job():
+    path = ROOT / "jobs" / "review_sentiment.py"
+    spec = importlib.util.spec_from_file_location("review_sentiment_edge_cases", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+BASE = ["--input-topic", "in", "--output-topic", "out", "--bootstrap-servers", "127.0.0.1:1"]
+
+
+def _usage_error(capsys, argv: list[str]) -> str:  # type: ignore[no-untyped-def]
+    """Run the job with ``argv``: it must exit 2 (argparse usage error); its stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        _job().main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e309"])
+def test_latency_slo_non_finite_is_a_one_line_usage_error(value: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`--latency-slo-ms nan|inf|1e309` is refused by the argument parser (exit 2, one line),
+    not a traceback from deriving the bundle time."""
+    err = _usage_error(capsys, [*BASE, "--latency-slo-ms", value])
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert errors == [f"{errors[0].split(':')[0]}: error: argument --latency-slo-ms: "
+                      f"--latency-slo-ms must be a finite number, got '{value}'"]
+
+
+def test_bundle_time_zero_is_refused(capsys) -> None:  # type: ignore[no-untyped-def]
+    """`--bundle-time-ms 0` is not silently replaced by the default (0 is falsy in
+    `bundle_time_ms or ...`): like -1, it is refused as 'must be >= 1'."""
+    for value in ("0", "-1"):
+        err = _usage_error(capsys, [*BASE, "--bundle-time-ms", value])
+        assert f"--bundle-time-ms must be >= 1, got {value}" in err
+    with pytest.raises(ConfigError, match="--bundle-time-ms must be >= 1, got 0"):
+        PipelineOptions(bundle_time_ms=0)
+    assert PipelineOptions(bundle_time_ms=1).effective_bundle_time_ms == 1
+
+
+@pytest.mark.parametrize("flag,value", [("--max-wait-ms", "nan"), ("--max-wait-ms", "inf"),
+                                        ("--max-idle-ms", "nan"), ("--max-idle-ms", "inf")])
+def test_wait_flags_must_be_finite(flag: str, value: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    """nan/inf --max-wait-ms must not reach BatchingConfig (inf kills the batching
+    thread, nan makes records wait until a batch fills: see test_batcher_breaks);
+    nan --max-idle-ms must not be read as 'off'."""
+    err = _usage_error(capsys, [*BASE, flag, value])
+    assert f"argument {flag}: {flag} must be a finite number, got '{value}'" in err
+
+
+@pytest.mark.parametrize("name", ["max_wait_ms", "max_idle_ms"])
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_waits_are_refused_in_code_too(name: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=f"{name} must be a finite number"):
+        PipelineOptions(**{name: value})
+
+
+@pytest.mark.parametrize("key,value", [
+    ("aisp.batch.max-wait-ms", "nan"),
+    ("aisp.batch.max-wait-ms", "inf"),
+    ("aisp.batch.max-idle-ms", "nan"),
+    ("aisp.latency-slo-ms", "inf"),
+    ("aisp.latency-slo-ms", "-inf"),
+    ("aisp.model.poll-interval-s", "inf"),
+])
+def test_sql_job_parameters_must_be_finite(key: str, value: str) -> None:
+    params = {key: value, "aisp.model.pointer": "/tmp/pointer.json"}
+    with pytest.raises(ConfigError, match=f"job parameter {key.replace('.', r'[.]')} must be a finite number"):
+        PipelineOptions.from_job_parameters(lambda k, d: params.get(k, d))
+
+
+def test_python_worker_settings_with_infinite_slo() -> None:
+    """latency_slo_ms=inf once passed BatchingConfig, then the worker settings crashed
+    with ValueError (int(inf // 4) = int(nan)). Now it never gets that far."""
+    with pytest.raises(ConfigError, match="latency_slo_ms must be a finite number"):
+        BatchingConfig(latency_slo_ms=math.inf)
+    with pytest.raises(ConfigError, match="latency_slo_ms must be a finite number"):
+        PipelineOptions(latency_slo_ms=math.inf)
+    largest = PipelineOptions(latency_slo_ms=3_600_000.0)  # the largest target accepted
+    assert flink_settings(largest)["python.fn-execution.bundle.time"] == "50"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-batch-size", "0"], "--max-batch-size must be >= 1, got 0"),
+        (["--length-buckets", "32,16"], "--length-buckets: length_buckets must be strictly ascending"),
+        (["--length-buckets", "16,16"], "--length-buckets: length_buckets must be strictly ascending"),
+        (["--max-batch-tokens", "0"], "--max-batch-tokens must be >= 1, got 0"),
+        (["--operator", "async", "--capacity", "4"], "--capacity (4) must be >= --max-batch-size (64)"),
+        (["--operator", "async", "--max-batch-size", "512"],
+         "--capacity (256) must be >= --max-batch-size (512)"),
+    ],
+)
+def test_batching_flags_are_checked_before_any_service_is_touched(flags, message, capsys):  # type: ignore[no-untyped-def]
+    # the broker address is unreachable: a Kafka error here would mean the check came too late
+    assert message in _usage_error(capsys, [*BASE, *flags])
+
+
+def test_capacity_below_the_batch_size_is_fine_for_the_arrow_operator() -> None:
+    assert PipelineOptions(capacity=4).capacity == 4  # only the async operator takes records in flight

@@ -1,0 +1,393 @@
+"""The options table and what is derived from it: PipelineOptions fields, job parameters,
+command-line flags and the PyFlink settings (no JVM, no services)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyflink_aisp import pipeline
+from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.inference import BatchingConfig, ModelSwapConfig, Pooling
+from pyflink_aisp.pipeline import (
+    OPTIONS,
+    OptionGroup,
+    PipelineOptions,
+    Runner,
+    default_bundle_time_ms,
+    flink_settings,
+    format_job_parameters,
+    option,
+)
+from pyflink_aisp.pipeline._options import read_job_parameters, render_job_parameter
+
+BASE = ["--input-topic", "in", "--output-topic", "out"]
+
+
+def get_from(params: dict[str, str]) -> Any:
+    """A ``FunctionContext.get_job_parameter`` over ``params``."""
+    return lambda key, default: params.get(key, default)
+
+
+def from_params(base: PipelineOptions | None = None, **params: str) -> PipelineOptions:
+    return PipelineOptions.from_job_parameters(get_from(params), base=base)
+
+
+def test_public_api_is_complete() -> None:
+    assert len(pipeline.__all__) == len(set(pipeline.__all__))
+    for name in pipeline.__all__:
+        assert getattr(pipeline, name) is not None, name
+
+
+# -- (a) the table and the dataclass ---------------------------------------------------------
+
+
+def test_fields_are_the_options_in_table_order_with_the_table_defaults() -> None:
+    fields = dataclasses.fields(PipelineOptions)
+    assert [f.name for f in fields] == [o.name for o in OPTIONS]
+    for field, opt in zip(fields, OPTIONS, strict=True):
+        default = field.default
+        assert default == opt.default and type(default) is type(opt.default), opt.name
+    assert PipelineOptions() == PipelineOptions(**{o.name: o.default for o in OPTIONS})
+
+
+def test_options_are_unique_named_flagged_and_documented() -> None:
+    names = [o.name for o in OPTIONS]
+    params = [o.job_param for o in OPTIONS if o.job_param is not None]
+    assert len(set(names)) == len(names) and len(set(params)) == len(params)
+    assert all(p.startswith("aisp.") for p in params)
+    for opt in OPTIONS:
+        assert opt.flag == "--" + opt.name.replace("_", "-")
+        assert opt.doc.strip() and isinstance(opt.group, OptionGroup)
+        assert option(opt.name) is opt
+    with pytest.raises(KeyError):
+        option("no_such_option")
+    assert {o.name for o in OPTIONS if o.required} == {"input_topic", "output_topic"}
+
+
+def test_batching_defaults_are_one_set() -> None:
+    assert option("max_batch_size").default == 64
+    assert option("max_wait_ms").default == 5.0
+    assert option("max_idle_ms").default == 2.0
+    assert PipelineOptions().batching() == BatchingConfig(max_batch_size=64, max_wait_ms=5.0, max_idle_ms=2.0)
+    assert from_params() == PipelineOptions()
+    assert PipelineOptions.from_args(BASE).batching() == PipelineOptions().batching()
+
+
+def test_options_are_frozen_and_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        PipelineOptions("in")  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PipelineOptions().max_batch_size = 2  # type: ignore[misc]
+
+
+def test_derived_configs_and_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    options = PipelineOptions(input_topic="in", output_topic="out", model_pointer=Path("p.json"),
+                              model_poll_interval_s=0.5)
+    assert options.dlq == "out.dlq" and options.group == "aisp-in"
+    assert PipelineOptions(dlq_topic="d", group_id="g").dlq == "d"
+    assert PipelineOptions(dlq_topic="d", group_id="g").group == "g"
+    assert options.swap() == ModelSwapConfig(pointer_path=Path("p.json").resolve(), poll_interval_s=0.5)
+    assert PipelineOptions().swap() is None
+    monkeypatch.delenv("AISP_MODEL_DIR", raising=False)
+    assert PipelineOptions().resolved_model_dir is None
+    monkeypatch.setenv("AISP_MODEL_DIR", str(tmp_path))
+    assert PipelineOptions().resolved_model_dir == tmp_path
+    assert PipelineOptions(model_dir=tmp_path / "x").resolved_model_dir == tmp_path / "x"
+
+
+# -- (b) job parameters ------------------------------------------------------------------
+
+
+def _non_default(tmp_path: Path) -> PipelineOptions:
+    return PipelineOptions(
+        max_batch_size=3, max_wait_ms=0.25, max_idle_ms=None, max_batch_tokens=99,
+        length_buckets=(4, 8), latency_slo_ms=12.5, model_dir=tmp_path / "m",
+        model_pointer=tmp_path / "p.json", model_poll_interval_s=3.0, intra_op_threads=4,
+        encoder_onnx=tmp_path / "e.onnx", encoder_tokenizer=tmp_path / "tokenizer.json",
+        encoder_output="last_hidden_state", encoder_pooling=Pooling.CLS, encoder_normalize=True,
+        stats_dir=tmp_path / "s",
+    )
+
+
+def test_every_job_parameter_round_trips(tmp_path: Path) -> None:
+    options = _non_default(tmp_path)
+    params = options.job_parameters()
+    assert set(params) == {o.job_param for o in OPTIONS if o.job_param is not None}
+    for opt in OPTIONS:  # every job parameter differs from its default here, so each is exercised
+        if opt.job_param is not None:
+            assert getattr(options, opt.name) != opt.default, opt.name
+    assert all(isinstance(v, str) for v in params.values())
+    assert PipelineOptions.from_job_parameters(get_from(params)) == options
+    # through the JSON of pipeline.global-job-parameters too
+    assert PipelineOptions.from_job_parameters(get_from(json.loads(format_job_parameters(params)))) == options
+
+
+def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
+    params = PipelineOptions().job_parameters()
+    assert params == {
+        "aisp.batch.max-size": "64",
+        "aisp.batch.max-wait-ms": "5.0",
+        "aisp.batch.max-idle-ms": "2.0",
+        "aisp.batch.max-tokens": "none",
+        "aisp.batch.length-buckets": "none",
+        "aisp.latency-slo-ms": "none",
+        "aisp.model.poll-interval-s": "2.0",
+        "aisp.onnx.intra-op-threads": "0",
+        "aisp.encoder.output": "none",
+        "aisp.encoder.pooling": "mean",
+        "aisp.encoder.normalize": "false",
+    }
+    assert PipelineOptions.from_job_parameters(get_from(params)) == PipelineOptions()
+
+
+def test_every_job_parameter_is_read(tmp_path: Path) -> None:
+    options = from_params(**{
+        "aisp.model.dir": str(tmp_path / "model"),
+        "aisp.batch.max-size": " 128 ",
+        "aisp.batch.max-wait-ms": "2.5",
+        "aisp.batch.max-idle-ms": "0.5",
+        "aisp.batch.max-tokens": "4096",
+        "aisp.batch.length-buckets": "16,32;64",
+        "aisp.latency-slo-ms": "150",
+        "aisp.onnx.intra-op-threads": "2",
+        "aisp.model.pointer": str(tmp_path / "ptr.json"),
+        "aisp.model.poll-interval-s": "0.5",
+        "aisp.stats.dir": str(tmp_path / "stats"),
+    })
+    assert options == PipelineOptions(
+        model_dir=tmp_path / "model", max_batch_size=128, max_wait_ms=2.5, max_idle_ms=0.5,
+        max_batch_tokens=4096, length_buckets=(16, 32, 64), latency_slo_ms=150.0, intra_op_threads=2,
+        model_pointer=tmp_path / "ptr.json", model_poll_interval_s=0.5, stats_dir=tmp_path / "stats")
+    assert options.batching() == BatchingConfig(
+        max_batch_size=128, max_wait_ms=2.5, max_idle_ms=0.5, max_batch_tokens=4096,
+        length_buckets=(16, 32, 64), latency_slo_ms=150.0)
+    assert options.swap() == ModelSwapConfig(pointer_path=tmp_path / "ptr.json", poll_interval_s=0.5)
+
+
+def test_none_switches_optional_knobs_off() -> None:
+    base = PipelineOptions(max_batch_tokens=100, length_buckets=(8,), latency_slo_ms=50.0, max_idle_ms=1.0,
+                           intra_op_threads=3)
+    options = from_params(base, **{
+        "aisp.batch.max-tokens": "none",
+        "aisp.batch.max-idle-ms": "NONE",
+        "aisp.batch.length-buckets": "None",
+        "aisp.latency-slo-ms": "null",
+        "aisp.onnx.intra-op-threads": "0",
+    })
+    assert options.batching() == BatchingConfig(max_batch_size=64, max_wait_ms=5.0)
+    assert options.length_buckets == () and options.intra_op_threads == 0
+
+
+def test_unset_or_empty_parameters_keep_the_base_values(tmp_path: Path) -> None:
+    base = PipelineOptions(model_dir=tmp_path, max_batch_size=7, max_wait_ms=1.0, intra_op_threads=1)
+    options = from_params(base, **{"aisp.batch.max-wait-ms": "9", "aisp.batch.max-size": "  "})
+    assert options == dataclasses.replace(base, max_wait_ms=9.0)
+    read = read_job_parameters(get_from({"aisp.batch.max-wait-ms": "9", "other": "x"}))
+    assert read == {"max_wait_ms": 9.0}
+
+
+def test_render_job_parameter_is_the_inverse_of_parse(tmp_path: Path) -> None:
+    for opt in OPTIONS:
+        if opt.job_param is None:
+            continue
+        for value in (opt.default, getattr(_non_default(tmp_path), opt.name)):
+            if value is None and opt.kind is Path:
+                continue
+            assert opt.parse(render_job_parameter(opt, value)) == value, (opt.name, value)
+
+
+# -- (e) job parameter errors name the parameter -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"aisp.batch.max-size": "0"}, "job parameter aisp.batch.max-size must be >= 1, got 0"),
+        ({"aisp.batch.max-size": "many"}, "job parameter aisp.batch.max-size must be an integer, got 'many'"),
+        ({"aisp.batch.max-wait-ms": "-1"}, "job parameter aisp.batch.max-wait-ms must be >= 0"),
+        ({"aisp.batch.max-wait-ms": "soon"}, "job parameter aisp.batch.max-wait-ms must be a finite number"),
+        ({"aisp.batch.max-wait-ms": "nan"}, "job parameter aisp.batch.max-wait-ms must be a finite number"),
+        ({"aisp.batch.max-wait-ms": "inf"}, "job parameter aisp.batch.max-wait-ms must be a finite number"),
+        ({"aisp.batch.max-wait-ms": "7200000"}, "job parameter aisp.batch.max-wait-ms: --max-wait-ms: "
+                                                "max_wait_ms must be a finite number of ms up to 3,600,000"),
+        ({"aisp.batch.max-idle-ms": "-1"}, "job parameter aisp.batch.max-idle-ms must be >= 0"),
+        ({"aisp.batch.max-idle-ms": "nan"}, "job parameter aisp.batch.max-idle-ms must be a finite number"),
+        ({"aisp.batch.max-tokens": "0"}, "job parameter aisp.batch.max-tokens must be >= 1"),
+        ({"aisp.batch.length-buckets": "32,16"},
+         "job parameter aisp.batch.length-buckets: --length-buckets: "
+         "length_buckets must be strictly ascending"),
+        ({"aisp.batch.length-buckets": "16,x"}, "job parameter aisp.batch.length-buckets must be comma-separated integers"),
+        ({"aisp.batch.length-buckets": "0,16"}, "job parameter aisp.batch.length-buckets must be >= 1"),
+        ({"aisp.latency-slo-ms": "0"}, "job parameter aisp.latency-slo-ms must be >= 0.001"),
+        ({"aisp.latency-slo-ms": "inf"}, "job parameter aisp.latency-slo-ms must be a finite number"),
+        ({"aisp.onnx.intra-op-threads": "-2"}, "job parameter aisp.onnx.intra-op-threads must be >= 0"),
+        ({"aisp.model.poll-interval-s": "0"}, "job parameter aisp.model.poll-interval-s must be >= 0.001"),
+        ({"aisp.model.poll-interval-s": "inf"}, "job parameter aisp.model.poll-interval-s must be a finite number"),
+        ({"aisp.model.poll-interval-s": "none"}, "job parameter aisp.model.poll-interval-s must be a finite number"),
+        ({"aisp.encoder.pooling": "max"},
+         "job parameter aisp.encoder.pooling must be one of none, mean, cls"),
+        ({"aisp.encoder.normalize": "maybe"}, "job parameter aisp.encoder.normalize must be true or false"),
+        ({"aisp.encoder.onnx": "/e.onnx"},
+         "job parameter aisp.encoder.onnx: --encoder-onnx and --encoder-tokenizer go together"),
+    ],
+)
+def test_invalid_job_parameters_raise_config_errors_naming_the_parameter(
+    params: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_params(**params)
+    assert str(info.value).startswith(message)
+
+
+def test_a_job_parameter_that_conflicts_with_the_base_is_refused() -> None:
+    base = PipelineOptions(operator=Runner.ASYNC, capacity=64)
+    with pytest.raises(ConfigError, match=r"--capacity \(64\) must be >= --max-batch-size \(128\)"):
+        from_params(base, **{"aisp.batch.max-size": "128"})
+
+
+# -- (c) command-line flags --------------------------------------------------------------
+
+
+def test_every_kind_of_flag_parses(tmp_path: Path) -> None:
+    options = PipelineOptions.from_args([
+        *BASE, "--dlq-topic", "dead", "--bootstrap-servers", "h:9092", "--group-id", "g",
+        "--transactional-id-prefix", "tx", "--mode", "batch", "--startup-mode", "latest-offset",
+        "--checkpoint-interval-ms", "250", "--parallelism", "3", "--jars", "file:///a.jar;file:///b.jar",
+        "--with-embedding", "--operator", "ASYNC", "--ordered", "--capacity", "512", "--timeout-s", "30",
+        "--max-batch-size", "128", "--max-wait-ms", "2.5", "--max-idle-ms", "none",
+        "--max-batch-tokens", "8192", "--length-buckets", "16,32,64", "--latency-slo-ms", "150",
+        "--model-dir", str(tmp_path / "m"), "--model-pointer", str(tmp_path / "p.json"),
+        "--model-poll-interval-s", "0.5", "--intra-op-threads", "2",
+        "--encoder-onnx", str(tmp_path / "e.onnx"), "--encoder-tokenizer", str(tmp_path / "t.json"),
+        "--encoder-output", "pooled", "--encoder-pooling", "cls", "--encoder-normalize",
+        "--stats-dir", str(tmp_path / "s"), "--arrow-batch-size", "4096", "--bundle-time-ms", "20",
+    ])
+    assert options == PipelineOptions(
+        input_topic="in", output_topic="out", dlq_topic="dead", bootstrap_servers="h:9092", group_id="g",
+        transactional_id_prefix="tx", mode="batch", startup_mode="latest-offset", checkpoint_interval_ms=250,
+        parallelism=3, jars="file:///a.jar;file:///b.jar", with_embedding=True, operator=Runner.ASYNC,
+        ordered=True, capacity=512, timeout_s=30, max_batch_size=128, max_wait_ms=2.5, max_idle_ms=None,
+        max_batch_tokens=8192, length_buckets=(16, 32, 64), latency_slo_ms=150.0, model_dir=tmp_path / "m",
+        model_pointer=tmp_path / "p.json", model_poll_interval_s=0.5, intra_op_threads=2,
+        encoder_onnx=tmp_path / "e.onnx", encoder_tokenizer=tmp_path / "t.json", encoder_output="pooled",
+        encoder_pooling=Pooling.CLS, encoder_normalize=True, stats_dir=tmp_path / "s",
+        arrow_batch_size=4096, bundle_time_ms=20,
+    )
+    assert options.operator is Runner.ASYNC and options.encoder_pooling is Pooling.CLS
+    assert isinstance(options.model_dir, Path) and options.effective_bundle_time_ms == 20
+
+
+def test_no_flags_give_the_defaults() -> None:
+    options = PipelineOptions.from_args(BASE)
+    assert options == PipelineOptions(input_topic="in", output_topic="out")
+    assert options.length_buckets == () and options.max_idle_ms == 2.0
+    assert PipelineOptions.from_args([*BASE, "--length-buckets", "none"]).length_buckets == ()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-batch-size", "0"], "argument --max-batch-size: --max-batch-size must be >= 1, got 0"),
+        (["--max-batch-size", "x"], "argument --max-batch-size: --max-batch-size must be an integer, got 'x'"),
+        (["--max-wait-ms", "inf"], "argument --max-wait-ms: --max-wait-ms must be a finite number, got 'inf'"),
+        (["--max-idle-ms", "nan"], "argument --max-idle-ms: --max-idle-ms must be a finite number, got 'nan'"),
+        (["--latency-slo-ms", "1e309"], "argument --latency-slo-ms: --latency-slo-ms must be a finite number"),
+        (["--length-buckets", "16,x"], "argument --length-buckets: --length-buckets must be comma-separated integers"),
+        (["--length-buckets", "32,16"], "--length-buckets: length_buckets must be strictly ascending"),
+        (["--parallelism", "0"], "argument --parallelism: --parallelism must be >= 1, got 0"),
+        (["--checkpoint-interval-ms", "1.5"], "--checkpoint-interval-ms must be an integer, got '1.5'"),
+        (["--operator", "fast"], "argument --operator: --operator must be one of arrow, async, got 'fast'"),
+        (["--encoder-pooling", "max"], "--encoder-pooling must be one of none, mean, cls, got 'max'"),
+        (["--mode", "micro"], "--mode must be one of ['streaming', 'batch'], got 'micro'"),
+        (["--startup-mode", "now"], "--startup-mode must be one of"),
+        (["--bundle-time-ms", "0"], "argument --bundle-time-ms: --bundle-time-ms must be >= 1, got 0"),
+        (["--capacity", "0"], "argument --capacity: --capacity must be >= 1, got 0"),
+        (["--operator", "async", "--capacity", "4"], "--capacity (4) must be >= --max-batch-size (64)"),
+        (["--encoder-onnx", "e.onnx"], "--encoder-onnx and --encoder-tokenizer go together"),
+        (["--max-batch-size", "none"], "--max-batch-size must be an integer, got 'none'"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(flags: list[str], message: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as info:
+        PipelineOptions.from_args([*BASE, *flags])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_missing_required_flag_exits_2(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as info:
+        PipelineOptions.from_args(["--input-topic", "in"])
+    assert info.value.code == 2
+    assert "--output-topic" in capsys.readouterr().err
+
+
+def test_help_lists_every_flag_with_unit_and_default(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as info:
+        PipelineOptions.from_args(["--help"])
+    assert info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for opt in OPTIONS:
+        assert opt.flag in out, opt.flag
+    assert "[records, default 64]" in out and "[ms, default 5.0]" in out and "[ms, default none]" in out
+
+
+# -- (d) PyFlink settings -----------------------------------------------------------------
+
+
+def test_flink_settings_without_a_latency_target() -> None:
+    assert flink_settings(PipelineOptions()) == {
+        "python.fn-execution.bundle.time": "50",
+        "python.fn-execution.bundle.size": "1024",
+        "python.fn-execution.arrow.batch.size": "1024",
+        "table.exec.async-scalar.max-concurrent-operations": "128",
+        "table.exec.async-scalar.timeout": "600000 ms",
+        "table.exec.async-scalar.retry-strategy": "NO_RETRY",
+    }
+
+
+@pytest.mark.parametrize(
+    ("options", "bundle_time", "bundle_size", "arrow_batch", "concurrent"),
+    [
+        (PipelineOptions(latency_slo_ms=150.0), "10", "1024", "1024", "128"),
+        (PipelineOptions(latency_slo_ms=30.0), "5", "1024", "1024", "128"),
+        (PipelineOptions(max_batch_size=1, latency_slo_ms=2.0, arrow_batch_size=100),
+         "5", "1000", "100", "2"),
+        (PipelineOptions(latency_slo_ms=3000.0), "50", "1024", "1024", "128"),
+        (PipelineOptions(max_batch_size=256, arrow_batch_size=512), "50", "2048", "512", "512"),
+        (PipelineOptions(arrow_batch_size=8192), "50", "8192", "8192", "128"),
+        (PipelineOptions(latency_slo_ms=150.0, bundle_time_ms=20), "20", "1024", "1024", "128"),
+    ],
+)
+def test_flink_settings_follow_the_options(
+    options: PipelineOptions, bundle_time: str, bundle_size: str, arrow_batch: str, concurrent: str
+) -> None:
+    settings = flink_settings(options)
+    assert settings["python.fn-execution.bundle.time"] == bundle_time
+    assert settings["python.fn-execution.bundle.size"] == bundle_size
+    assert settings["python.fn-execution.arrow.batch.size"] == arrow_batch
+    assert settings["table.exec.async-scalar.max-concurrent-operations"] == concurrent
+    size = options.max_batch_size
+    assert int(bundle_size) == max(1000, options.arrow_batch_size, 8 * size) >= 4 * 2 * size
+
+
+@pytest.mark.parametrize(("slo", "expected"), [(None, 50), (1.0, 5), (30.0, 5), (75.0, 5), (90.0, 6),
+                                                (150.0, 10), (749.0, 49), (750.0, 50), (60_000.0, 50)])
+def test_default_bundle_time(slo: float | None, expected: int) -> None:
+    assert default_bundle_time_ms(slo) == expected
+
+
+def test_an_infinite_latency_target_is_refused_before_the_settings() -> None:
+    with pytest.raises(ConfigError, match="latency_slo_ms must be a finite number"):
+        PipelineOptions(latency_slo_ms=math.inf)
+
+
+def test_job_parameters_format_survives_commas_colons_quotes_and_empty_values() -> None:
+    params = {"aisp.model.dir": "/m:1,2", "q": 'it\'s "x"', "e": ""}
+    assert json.loads(format_job_parameters(params)) == params

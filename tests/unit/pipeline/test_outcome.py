@@ -1,0 +1,138 @@
+"""A record's outcome: the Reason enum, reason_of, the dead-letter schema and scored JSON."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from pyflink_aisp.errors import DecodeError, InferenceError, InferenceTimeoutError, TokenizeError
+from pyflink_aisp.pipeline import MAX_DEAD_LETTER_VALUE_BYTES, DeadLettered, Reason, reason_of
+from pyflink_aisp.pipeline._outcome import MAX_DETAIL_CHARS, dead_letter_json, scored_json, sentiment_label
+
+SHA = "c" * 64
+KEYS = ["reason", "detail", "id", "topic", "partition", "offset", "value_base64", "value_size_bytes",
+        "value_truncated"]
+
+
+def test_reason_values_are_the_dead_letter_reasons() -> None:
+    assert {r.name: r.value for r in Reason} == {
+        "NULL_VALUE": "null_value",
+        "INVALID_UTF8": "invalid_utf8",
+        "INVALID_JSON": "invalid_json",
+        "NOT_AN_OBJECT": "not_an_object",
+        "MISSING_TEXT": "missing_text",
+        "TEXT_NOT_STRING": "text_not_string",
+        "INVALID_UNICODE": "invalid_unicode",
+        "BAD_ID": "bad_id",
+        "DECODE_ERROR": "decode_error",
+        "INFERENCE_ERROR": "inference_error",
+        "INFERENCE_TIMEOUT": "inference_timeout",
+        "OVERSIZED_OUTPUT": "oversized_output",
+    }
+    assert Reason.INVALID_JSON == "invalid_json" and str(Reason.INFERENCE_TIMEOUT) == "inference_timeout"
+
+
+@pytest.mark.parametrize("reason", [r for r in Reason if r.name not in
+                                    ("INFERENCE_ERROR", "INFERENCE_TIMEOUT", "OVERSIZED_OUTPUT")])
+def test_reason_of_a_decode_error_is_its_own(reason: Reason) -> None:
+    assert reason_of(DecodeError(reason.value, "detail")) is reason
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (InferenceTimeoutError("waited too long"), Reason.INFERENCE_TIMEOUT),
+        (InferenceError("batcher closed"), Reason.INFERENCE_ERROR),
+        (TokenizeError("not a str"), Reason.INFERENCE_ERROR),
+        (RuntimeError("inference_timeout: a message is not a type"), Reason.INFERENCE_ERROR),
+        (TimeoutError("a builtin timeout"), Reason.INFERENCE_ERROR),
+        (MemoryError(), Reason.INFERENCE_ERROR),
+    ],
+)
+def test_reason_of_other_errors_is_read_from_the_type(error: BaseException, reason: Reason) -> None:
+    assert reason_of(error) is reason
+
+
+def test_of_error_takes_reason_and_detail_from_the_exception() -> None:
+    letter = DeadLettered.of_error(DecodeError("invalid_json", "Expecting value"), topic="t", partition=1,
+                                   offset=7, value=b"{")
+    assert letter == DeadLettered(reason=Reason.INVALID_JSON,
+                                  detail="DecodeError: invalid_json: Expecting value",
+                                  topic="t", partition=1, offset=7, value=b"{")
+    timeout = DeadLettered.of_error(InferenceTimeoutError("late"), id="r1")
+    assert timeout.reason is Reason.INFERENCE_TIMEOUT and timeout.detail == "InferenceTimeoutError: late"
+    assert timeout.key == "r1" and letter.key == "t/1/7"
+
+
+def test_dead_letter_json_has_all_nine_keys_always() -> None:
+    bare = json.loads(DeadLettered(reason=Reason.NULL_VALUE, detail="tombstone").to_json())
+    assert list(bare) == KEYS
+    assert bare == {"reason": "null_value", "detail": "tombstone", "id": None, "topic": None,
+                    "partition": None, "offset": None, "value_base64": None, "value_size_bytes": None,
+                    "value_truncated": False}
+    value = "é ☃ {\"id\": 1}".encode()
+    full = DeadLettered(reason=Reason.INFERENCE_ERROR, detail="RuntimeError: ☃ failed", id="r-1", topic="in",
+                        partition=2, offset=41, value=value)
+    text = full.to_json()
+    assert text == dead_letter_json(full) and text.isascii()
+    out = json.loads(text)
+    assert list(out) == KEYS
+    assert out == {"reason": "inference_error", "detail": "RuntimeError: ☃ failed", "id": "r-1",
+                   "topic": "in", "partition": 2, "offset": 41,
+                   "value_base64": base64.b64encode(value).decode("ascii"), "value_size_bytes": len(value),
+                   "value_truncated": False}
+    assert base64.b64decode(out["value_base64"]) == value
+    empty = json.loads(DeadLettered(reason=Reason.INVALID_JSON, detail="", value=b"").to_json())
+    assert (empty["value_base64"], empty["value_size_bytes"], empty["value_truncated"]) == ("", 0, False)
+
+
+@pytest.mark.parametrize(("size", "truncated"), [(MAX_DEAD_LETTER_VALUE_BYTES, False),
+                                                 (MAX_DEAD_LETTER_VALUE_BYTES + 1, True),
+                                                 (3 * MAX_DEAD_LETTER_VALUE_BYTES, True)])
+def test_the_raw_value_is_capped_at_256_kib(size: int, truncated: bool) -> None:
+    assert MAX_DEAD_LETTER_VALUE_BYTES == 256 * 1024
+    value = bytes(range(256)) * (size // 256) + b"\xff" * (size % 256)
+    out = json.loads(DeadLettered(reason=Reason.INVALID_UTF8, detail="x", value=value).to_json())
+    kept = base64.b64decode(out["value_base64"])
+    assert kept == value[:MAX_DEAD_LETTER_VALUE_BYTES]
+    assert out["value_size_bytes"] == size and out["value_truncated"] is truncated
+
+
+def test_the_detail_is_capped() -> None:
+    out = json.loads(DeadLettered(reason=Reason.INFERENCE_ERROR, detail="x" * 5000).to_json())
+    assert out["detail"] == "x" * MAX_DETAIL_CHARS
+
+
+def test_sentiment_label_threshold() -> None:
+    assert sentiment_label(0.5) == "fresh" and sentiment_label(0.9) == "fresh"
+    assert sentiment_label(0.49) == "rotten" and sentiment_label(0.0) == "rotten"
+
+
+def test_scored_json_of_a_sentiment_prediction() -> None:
+    embedding = np.array([0.25, -0.5, 1.0], dtype=np.float32)
+    plain = json.loads(scored_json("r1", (np.float32(0.75), embedding), SHA, with_embedding=False))
+    assert plain == {"id": "r1", "label": "fresh", "score": 0.75, "model_sha256": SHA}
+    assert list(plain) == ["id", "label", "score", "model_sha256"]
+    rotten = json.loads(scored_json("r2", (0.125, embedding), SHA, with_embedding=False))
+    assert rotten["label"] == "rotten" and rotten["score"] == 0.125
+    full = json.loads(scored_json("r1", (0.75, embedding), SHA, with_embedding=True))
+    assert full == {"id": "r1", "label": "fresh", "score": 0.75, "model_sha256": SHA,
+                    "embedding": [0.25, -0.5, 1.0]}
+
+
+def test_scored_json_of_an_encoder_vector() -> None:
+    vector = np.array([0.5, -0.25, 0.0, 2.0], dtype=np.float32)
+    for with_embedding in (False, True):
+        out = json.loads(scored_json("e1", vector, SHA, with_embedding=with_embedding))
+        assert out == {"id": "e1", "embedding": [0.5, -0.25, 0.0, 2.0], "model_sha256": SHA}
+        assert list(out) == ["id", "embedding", "model_sha256"]
+
+
+def test_a_decode_error_with_a_reason_outside_the_enum_is_a_decode_error():
+    from pyflink_aisp.errors import DecodeError
+    from pyflink_aisp.pipeline import Reason, reason_of
+
+    assert reason_of(DecodeError("schema_mismatch", "a decoder of its own")) is Reason.DECODE_ERROR
