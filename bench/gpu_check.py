@@ -15,6 +15,11 @@ length-sorted forward pass padded to its longest text. Backends:
   IO binding on (asserted);
 - ``torch`` on ``cuda:N``: encoder parameters on the GPU (asserted).
 
+Each backend also gets a ``runtime`` row: the same chunks through
+``ModelRuntime.infer_batch`` (the operators' batch API: the chunk is tokenized
+once and the batcher cuts model batches of ``B``, sorted by length), so the
+two rows do the same model work and their ratio is the runtime's overhead.
+
 Each cell is the best of ``--repeats`` timed passes after one warm-up pass
 (sentences per second = texts / seconds; GPU results are copied to the host
 inside the timed region, so the time includes the device work). The last
@@ -159,6 +164,25 @@ def time_pass(run: Callable[[list[str]], Sequence[Any]], texts: list[str], batch
     return time.perf_counter() - start
 
 
+def measure_runtime(
+    handler: Any, backend: str, device: str, texts: list[str], args: argparse.Namespace
+) -> Row:
+    """The same chunks through ``ModelRuntime.infer_batch`` with ``max_batch_size`` = the batch size."""
+    from pyflink_aisp.inference import BatchingConfig, ModelRuntime
+
+    row = Row(backend=f"{backend} runtime", device=device)
+    for batch in args.batch_sizes:
+        runtime = ModelRuntime.acquire(handler, BatchingConfig(max_batch_size=batch))
+        try:
+            time_pass(runtime.infer_batch, texts, batch)  # warm-up
+            best = min(time_pass(runtime.infer_batch, texts, batch) for _ in range(args.repeats))
+        finally:
+            runtime.release()
+        row.rates[batch] = len(texts) / best
+        print(f"  {row.backend:13s} {device:7s} batch {batch:4d}: {row.rates[batch]:9,.0f} sentences/s")
+    return row
+
+
 def measure(
     handler: Any, backend: str, device: str, texts: list[str], args: argparse.Namespace
 ) -> tuple[Row, np.ndarray]:
@@ -212,6 +236,7 @@ def run_all(args: argparse.Namespace) -> str:
         reference = scores if reference is None else reference
         row.max_score_diff = float(np.abs(scores - reference).max())
         rows.append(row)
+        rows.append(measure_runtime(handler, backend, device, texts, args))
     import onnxruntime as ort
     import torch
 

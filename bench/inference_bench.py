@@ -66,7 +66,7 @@ from _job_runner import JobSettings, job_flags
 from _kafka_streaming import latency_run, throughput_run
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ("a", "b", "c", "d", "e", "latency", "slo")
+CASES = ("a", "r", "b", "c", "d", "e", "async", "latency", "slo")
 SWEEP_SIZES = (1, 8, 32, 64, 128, 256)
 SLO_FLAG = "--latency-slo-ms"
 
@@ -91,7 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep-logs", action="store_true", help="keep the job logs in <out-dir>/logs")
     p.add_argument("--child", choices=["udf", "beam"], help=argparse.SUPPRESS)
     p.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
-    p.add_argument("--batch-size", type=int, default=64, help=argparse.SUPPRESS)
+    p.add_argument("--batch-size", type=int, default=64, help="model batch size of (r) and the UDF cases")
+    p.add_argument("--arrow-batch-size", type=int, default=1024, help="(r): texts per submitted chunk")
     a = p.parse_args(argv)
     a.skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     unknown = a.skip - set(CASES)
@@ -126,6 +127,14 @@ def run_ort(args: argparse.Namespace, assets: Any, texts: list[str], results: di
     results["throughput"]["a"] = {"records_per_s": r.records_per_s, "rows": r.rows, "seconds": r.seconds,
                                   "batch_size": r.batch_size}
     print(f"[a] {r.records_per_s:,.0f} records/s", flush=True)
+
+
+def run_runtime(args: argparse.Namespace, assets: Any, texts: list[str], results: dict[str, Any]) -> None:
+    """(r): the runtime's batch API beside the handler alone, same chunks (the job's Arrow batches)."""
+    from _ort_cases import run_runtime_vs_handler
+
+    results["runtime"] = run_runtime_vs_handler(assets, texts, intra_op_threads=args.threads,
+                                                chunk=args.arrow_batch_size, batch_size=args.batch_size)
 
 
 def run_udfs(args: argparse.Namespace, assets: Any, texts: list[str], results: dict[str, Any]) -> None:
@@ -199,10 +208,11 @@ def child_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _settings(args: argparse.Namespace, bootstrap: str, assets: Any, slo: float | None) -> JobSettings:
+def _settings(args: argparse.Namespace, bootstrap: str, assets: Any, slo: float | None,
+              extra: tuple[str, ...] = ()) -> JobSettings:
     return JobSettings(bootstrap=bootstrap, model_dir=assets.directory, intra_op_threads=args.threads,
                        checkpoint_interval_ms=args.checkpoint_interval_ms, latency_slo_ms=slo,
-                       extra=tuple(shlex.split(args.job_args)))
+                       extra=(*shlex.split(args.job_args), *extra))
 
 
 def _slo_missing(args: argparse.Namespace) -> str | None:
@@ -228,10 +238,13 @@ def run_streaming(args: argparse.Namespace, assets: Any, texts: list[str], resul
     with bench_broker() as bootstrap:
         print(f"[e] broker at {bootstrap}", flush=True)
         if "e" not in args.skip:
-            for slo in slos:
-                key = "e" if slo is None else "e + SLO"
+            cases = [("e" if slo is None else "e + SLO", slo, ()) for slo in slos]
+            if "async" not in args.skip:
+                cases.append(("e async", None, ("--operator", "async")))
+            for key, slo, extra in cases:
                 r = _guarded(results, key, throughput_run, bootstrap, texts,
-                             _settings(args, bootstrap, assets, slo), log_dir=log_dir, tag=key)
+                             _settings(args, bootstrap, assets, slo, extra), log_dir=log_dir,
+                             tag=key.replace(" ", "-"))
                 if r is not None:
                     results["throughput"][key] = r
         base = args.base_rate or results["throughput"].get("e", {}).get("records_per_s")
@@ -268,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{sorted(args.skip) or 'none'}", flush=True)
     if "a" not in args.skip:
         _guarded(results, "a", run_ort, args, assets, texts, results)
+    if "r" not in args.skip:
+        _guarded(results, "r", run_runtime, args, assets, texts, results)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="aisp-bench-logs-") as tmp:
         log_dir = args.out_dir / "logs" if args.keep_logs else Path(tmp)

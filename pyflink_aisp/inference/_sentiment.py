@@ -68,6 +68,8 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
             Availability is checked at load, on the worker.
         device_id: CUDA device of the CUDA/TensorRT providers (None: their
             ``device_id`` option, else 0).
+        allow_spinning: ORT intra-op threads spin-wait between runs (see
+            :class:`~pyflink_aisp.inference.OnnxSentimentModel`); None: ORT's default.
 
     Raises:
         ConfigError: Unknown provider name or a ``device_id`` that does not fit
@@ -81,9 +83,11 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
         intra_op_num_threads: int | None = None,
         providers: Sequence[ProviderSpec] = (ExecutionProvider.CPU,),
         device_id: int | None = None,
+        allow_spinning: bool | None = None,
     ) -> None:
         self._assets = assets
         self._threads = intra_op_num_threads
+        self._allow_spinning = allow_spinning
         self._providers = normalize_providers(providers, device_id)
         self._device = provider_device(self._providers)
 
@@ -145,7 +149,8 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
             ModelError: a provider is unavailable or the model cannot be loaded.
         """
         return OnnxSentimentModel(
-            assets, intra_op_num_threads=self._threads, providers=self._providers, verify=False
+            assets, intra_op_num_threads=self._threads, providers=self._providers, verify=False,
+            allow_spinning=self._allow_spinning
         )
 
     @property

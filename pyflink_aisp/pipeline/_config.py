@@ -71,7 +71,7 @@ class PipelineOptions:
     ordered: bool = False
     capacity: int = 256
     timeout_s: int = 600
-    max_batch_size: int = 64
+    max_batch_size: int = 32
     max_wait_ms: float = 5.0
     max_idle_ms: float | None = 2.0
     max_batch_tokens: int | None = None
@@ -81,6 +81,7 @@ class PipelineOptions:
     model_pointer: Path | None = None
     model_poll_interval_s: float = 2.0
     intra_op_threads: int = 0
+    onnx_spin_wait: bool | None = None
     encoder_onnx: Path | None = None
     encoder_tokenizer: Path | None = None
     encoder_output: str | None = None
@@ -133,6 +134,13 @@ class PipelineOptions:
     def effective_bundle_time_ms(self) -> int:
         """``bundle_time_ms``, else :func:`default_bundle_time_ms` of the SLO."""
         return self.bundle_time_ms or default_bundle_time_ms(self.latency_slo_ms)
+
+    @property
+    def effective_spin_wait(self) -> bool | None:
+        """``onnx_spin_wait``, else off with a latency target, else None (ORT's default)."""
+        if self.onnx_spin_wait is not None:
+            return self.onnx_spin_wait
+        return False if self.latency_slo_ms is not None else None
 
     @property
     def dlq(self) -> str:
@@ -212,10 +220,11 @@ def _flag_type(opt: Option) -> Callable[[str], Any]:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per option to ``parser`` (bools become ``store_true`` switches)."""
+    """Add one flag per option to ``parser`` (bools become ``store_true`` switches, except
+    a nullable bool, which takes ``true``, ``false`` or ``none``)."""
     for opt in OPTIONS:
         help_text = f"{opt.doc} [{opt.unit + ', ' if opt.unit else ''}default {opt.render_default()}]"
-        if opt.kind is bool:
+        if opt.kind is bool and not opt.nullable:
             parser.add_argument(opt.flag, action="store_true", help=help_text)
         else:
             parser.add_argument(opt.flag, type=_flag_type(opt), default=opt.default,

@@ -39,4 +39,5 @@ def handler_for(options: PipelineOptions) -> ModelHandler[Any, Any, Any]:
             model_path=options.encoder_onnx, tokenizer_path=options.encoder_tokenizer,
             output=options.encoder_output, pooling=options.encoder_pooling,
             normalize=options.encoder_normalize, intra_op_num_threads=threads)
-    return SentimentHandler(model_assets(options), intra_op_num_threads=threads)
+    return SentimentHandler(model_assets(options), intra_op_num_threads=threads,
+                            allow_spinning=options.effective_spin_wait)

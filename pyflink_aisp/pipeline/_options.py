@@ -12,7 +12,8 @@ table (:func:`options_markdown`, checked by a test) and, through
 holds the parsed values; a test checks its fields and defaults against the table.
 
 ``none`` as a job parameter, or as the value of a flag whose option is
-``nullable``, turns an optional knob off (an empty job parameter counts as unset). Errors name the flag or parameter.
+``nullable``, turns an optional knob off (an empty job parameter counts as
+unset). Errors name the flag or parameter.
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ OPTIONS: tuple[Option, ...] = (
        "batch form while the model runs).", J, unit="records", minimum=1),
     _o("timeout_s", int, 600, "async operator: per-record timeout; a record past it is dead-lettered.",
        J, unit="s", minimum=1),
-    _o("max_batch_size", int, 64, "Most records per model call.", B, unit="records",
+    _o("max_batch_size", int, 32, "Most records per model call.", B, unit="records",
        job_param="aisp.batch.max-size", minimum=1),
     _o("max_wait_ms", float, 5.0, "Longest a record waits for companions while the model is idle "
        "(async operator).", B, unit="ms", job_param="aisp.batch.max-wait-ms", minimum=0),
@@ -222,6 +223,9 @@ OPTIONS: tuple[Option, ...] = (
        unit="s", job_param="aisp.model.poll-interval-s", minimum=0.001),
     _o("intra_op_threads", int, 0, "ONNX Runtime intra-op threads (0: one per physical core).", M,
        job_param="aisp.onnx.intra-op-threads", minimum=0),
+    _o("onnx_spin_wait", bool, None, "ONNX Runtime intra-op threads spin between runs (true: fastest "
+       "back-to-back batches; false: leaves idle CPU to the JVMs; default: false with --latency-slo-ms, "
+       "else ORT's default, true).", M, job_param="aisp.onnx.spin-wait", nullable=True),
     _o("encoder_onnx", Path, None, "A generic ONNX text encoder instead of the sentiment model: the job "
        "writes {\"id\", \"embedding\", \"model_sha256\"}.", M, job_param="aisp.encoder.onnx", nullable=True),
     _o("encoder_tokenizer", Path, None, "tokenizer.json of --encoder-onnx.", M,

@@ -93,3 +93,14 @@ def test_checksum_checked_on_load(quick_assets: ModelAssets) -> None:
     wrong = dataclasses.replace(quick_assets, sha256="0" * 64)
     with pytest.raises(ChecksumError):
         OnnxSentimentModel(wrong)
+
+
+@pytest.mark.parametrize(("allow", "entry"), [(True, "1"), (False, "0")])
+def test_allow_spinning_is_set_on_the_session(quick_assets, allow, entry):
+    from pyflink_aisp.inference import OnnxSentimentModel
+
+    model = OnnxSentimentModel(quick_assets, intra_op_num_threads=1, allow_spinning=allow)
+    options = model._session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == entry
+    scores, _ = model.predict(["fine"])
+    assert scores.shape == (1,)

@@ -12,7 +12,7 @@ def fill(queue, items, now=0.0):
 
 
 def test_not_ready_until_full_or_waited():
-    q = BatchQueue(BatchingConfig(max_batch_size=3, max_wait_ms=10))
+    q = BatchQueue(BatchingConfig(max_batch_size=3, max_wait_ms=10, max_idle_ms=None))
     fill(q, [("a", 1), ("b", 1)], now=1.0)
     assert not q.ready(1.0)
     assert q.deadline_s() == pytest.approx(1.010)
@@ -39,7 +39,7 @@ def test_length_buckets_group_short_and_long_records():
 
 
 def test_oldest_bucket_leaves_when_none_is_full():
-    q = BatchQueue(BatchingConfig(max_batch_size=4, max_wait_ms=5, length_buckets=(16,)))
+    q = BatchQueue(BatchingConfig(max_batch_size=4, max_wait_ms=5, length_buckets=(16,), max_idle_ms=None))
     q.put("long", 0.000, 50)
     q.put("short", 0.001, 5)
     assert not q.ready(0.004)

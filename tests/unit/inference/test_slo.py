@@ -61,7 +61,7 @@ def window_stats(done, start_s, end_s):
 
 
 def test_fixed_knobs_miss_a_tight_slo_at_low_load_and_the_controller_meets_it():
-    config = BatchingConfig(max_batch_size=256, max_wait_ms=50)
+    config = BatchingConfig(max_batch_size=256, max_wait_ms=50, max_idle_ms=None)
     fixed, _ = simulate(config, [(60, 100)])
     p99_fixed, _ = window_stats(fixed, 30, 60)
     assert p99_fixed > 50  # every record waits out the 50 ms for companions that never come
@@ -75,7 +75,7 @@ def test_fixed_knobs_miss_a_tight_slo_at_low_load_and_the_controller_meets_it():
 
 
 def test_high_load_needs_batches_and_the_controller_grows_them_under_the_slo():
-    config = BatchingConfig(max_batch_size=512, max_wait_ms=50, latency_slo_ms=100)
+    config = BatchingConfig(max_batch_size=512, max_wait_ms=50, latency_slo_ms=100, max_idle_ms=None)
     controller = SloController(latency_slo_ms=100, max_batch_size=512, max_wait_ms=50)
     done, dispatched = simulate(config, [(60, 1200)], controller=controller)
     p99, rate = window_stats(done, 30, 59)
@@ -88,7 +88,7 @@ def test_high_load_needs_batches_and_the_controller_grows_them_under_the_slo():
 
 def test_the_controller_adapts_when_the_load_steps_up():
     controller = SloController(latency_slo_ms=100, max_batch_size=512, max_wait_ms=50)
-    config = BatchingConfig(max_batch_size=512, max_wait_ms=50)
+    config = BatchingConfig(max_batch_size=512, max_wait_ms=50, max_idle_ms=None)
     done, dispatched = simulate(config, [(30, 100), (60, 1200)], controller=controller)
     p99_low, _ = window_stats(done, 10, 30)
     p99_high, rate_high = window_stats(done, 60, 89)
@@ -101,7 +101,8 @@ def test_the_controller_adapts_when_the_load_steps_up():
 
 def test_front_holds_only_non_dominated_points():
     controller = SloController(latency_slo_ms=100, max_batch_size=512, max_wait_ms=50)
-    simulate(BatchingConfig(max_batch_size=512, max_wait_ms=50), [(40, 1200)], controller=controller)
+    simulate(BatchingConfig(max_batch_size=512, max_wait_ms=50, max_idle_ms=None),
+             [(40, 1200)], controller=controller)
     front = controller.front()
     assert front, "the controller measured nothing"
     for a in front:
@@ -114,7 +115,8 @@ def test_front_holds_only_non_dominated_points():
 def test_an_unreachable_slo_settles_at_the_smallest_setting():
     # one record alone takes 4.5 ms of compute: a 2 ms p99 is out of reach
     controller = SloController(latency_slo_ms=2, max_batch_size=64, max_wait_ms=50)
-    simulate(BatchingConfig(max_batch_size=64, max_wait_ms=50), [(30, 50)], controller=controller)
+    simulate(BatchingConfig(max_batch_size=64, max_wait_ms=50, max_idle_ms=None),
+             [(30, 50)], controller=controller)
     assert controller.knobs == Knobs(1, 0.0)
 
 

@@ -86,7 +86,8 @@ def test_non_finite_waits_are_refused_in_code_too(name: str, value: float) -> No
 ])
 def test_sql_job_parameters_must_be_finite(key: str, value: str) -> None:
     params = {key: value, "aisp.model.pointer": "/tmp/pointer.json"}
-    with pytest.raises(ConfigError, match=f"job parameter {key.replace('.', r'[.]')} must be a finite number"):
+    pattern = f"job parameter {key.replace('.', r'[.]')} must be a finite number"
+    with pytest.raises(ConfigError, match=pattern):
         PipelineOptions.from_job_parameters(lambda k, d: params.get(k, d))
 
 
@@ -108,7 +109,7 @@ def test_python_worker_settings_with_infinite_slo() -> None:
         (["--length-buckets", "32,16"], "--length-buckets: length_buckets must be strictly ascending"),
         (["--length-buckets", "16,16"], "--length-buckets: length_buckets must be strictly ascending"),
         (["--max-batch-tokens", "0"], "--max-batch-tokens must be >= 1, got 0"),
-        (["--operator", "async", "--capacity", "4"], "--capacity (4) must be >= --max-batch-size (64)"),
+        (["--operator", "async", "--capacity", "4"], "--capacity (4) must be >= --max-batch-size (32)"),
         (["--operator", "async", "--max-batch-size", "512"],
          "--capacity (256) must be >= --max-batch-size (512)"),
     ],

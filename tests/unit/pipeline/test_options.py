@@ -71,10 +71,11 @@ def test_options_are_unique_named_flagged_and_documented() -> None:
 
 
 def test_batching_defaults_are_one_set() -> None:
-    assert option("max_batch_size").default == 64
+    assert option("max_batch_size").default == 32
     assert option("max_wait_ms").default == 5.0
     assert option("max_idle_ms").default == 2.0
-    assert PipelineOptions().batching() == BatchingConfig(max_batch_size=64, max_wait_ms=5.0, max_idle_ms=2.0)
+    assert PipelineOptions().batching() == BatchingConfig(max_batch_size=32, max_wait_ms=5.0, max_idle_ms=2.0)
+    assert BatchingConfig() == PipelineOptions().batching()  # the dataclass has the same defaults
     assert from_params() == PipelineOptions()
     assert PipelineOptions.from_args(BASE).batching() == PipelineOptions().batching()
 
@@ -111,7 +112,7 @@ def _non_default(tmp_path: Path) -> PipelineOptions:
         model_pointer=tmp_path / "p.json", model_poll_interval_s=3.0, intra_op_threads=4,
         encoder_onnx=tmp_path / "e.onnx", encoder_tokenizer=tmp_path / "tokenizer.json",
         encoder_output="last_hidden_state", encoder_pooling=Pooling.CLS, encoder_normalize=True,
-        stats_dir=tmp_path / "s",
+        stats_dir=tmp_path / "s", onnx_spin_wait=False,
     )
 
 
@@ -131,7 +132,7 @@ def test_every_job_parameter_round_trips(tmp_path: Path) -> None:
 def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
     params = PipelineOptions().job_parameters()
     assert params == {
-        "aisp.batch.max-size": "64",
+        "aisp.batch.max-size": "32",
         "aisp.batch.max-wait-ms": "5.0",
         "aisp.batch.max-idle-ms": "2.0",
         "aisp.batch.max-tokens": "none",
@@ -139,6 +140,7 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.latency-slo-ms": "none",
         "aisp.model.poll-interval-s": "2.0",
         "aisp.onnx.intra-op-threads": "0",
+        "aisp.onnx.spin-wait": "none",
         "aisp.encoder.output": "none",
         "aisp.encoder.pooling": "mean",
         "aisp.encoder.normalize": "false",
@@ -180,7 +182,7 @@ def test_none_switches_optional_knobs_off() -> None:
         "aisp.latency-slo-ms": "null",
         "aisp.onnx.intra-op-threads": "0",
     })
-    assert options.batching() == BatchingConfig(max_batch_size=64, max_wait_ms=5.0)
+    assert options.batching() == BatchingConfig(max_batch_size=32, max_wait_ms=5.0, max_idle_ms=None)
     assert options.length_buckets == () and options.intra_op_threads == 0
 
 
@@ -222,14 +224,17 @@ def test_render_job_parameter_is_the_inverse_of_parse(tmp_path: Path) -> None:
         ({"aisp.batch.length-buckets": "32,16"},
          "job parameter aisp.batch.length-buckets: --length-buckets: "
          "length_buckets must be strictly ascending"),
-        ({"aisp.batch.length-buckets": "16,x"}, "job parameter aisp.batch.length-buckets must be comma-separated integers"),
+        ({"aisp.batch.length-buckets": "16,x"},
+         "job parameter aisp.batch.length-buckets must be comma-separated integers"),
         ({"aisp.batch.length-buckets": "0,16"}, "job parameter aisp.batch.length-buckets must be >= 1"),
         ({"aisp.latency-slo-ms": "0"}, "job parameter aisp.latency-slo-ms must be >= 0.001"),
         ({"aisp.latency-slo-ms": "inf"}, "job parameter aisp.latency-slo-ms must be a finite number"),
         ({"aisp.onnx.intra-op-threads": "-2"}, "job parameter aisp.onnx.intra-op-threads must be >= 0"),
         ({"aisp.model.poll-interval-s": "0"}, "job parameter aisp.model.poll-interval-s must be >= 0.001"),
-        ({"aisp.model.poll-interval-s": "inf"}, "job parameter aisp.model.poll-interval-s must be a finite number"),
-        ({"aisp.model.poll-interval-s": "none"}, "job parameter aisp.model.poll-interval-s must be a finite number"),
+        ({"aisp.model.poll-interval-s": "inf"},
+         "job parameter aisp.model.poll-interval-s must be a finite number"),
+        ({"aisp.model.poll-interval-s": "none"},
+         "job parameter aisp.model.poll-interval-s must be a finite number"),
         ({"aisp.encoder.pooling": "max"},
          "job parameter aisp.encoder.pooling must be one of none, mean, cls"),
         ({"aisp.encoder.normalize": "maybe"}, "job parameter aisp.encoder.normalize must be true or false"),
@@ -294,11 +299,16 @@ def test_no_flags_give_the_defaults() -> None:
     ("flags", "message"),
     [
         (["--max-batch-size", "0"], "argument --max-batch-size: --max-batch-size must be >= 1, got 0"),
-        (["--max-batch-size", "x"], "argument --max-batch-size: --max-batch-size must be an integer, got 'x'"),
-        (["--max-wait-ms", "inf"], "argument --max-wait-ms: --max-wait-ms must be a finite number, got 'inf'"),
-        (["--max-idle-ms", "nan"], "argument --max-idle-ms: --max-idle-ms must be a finite number, got 'nan'"),
-        (["--latency-slo-ms", "1e309"], "argument --latency-slo-ms: --latency-slo-ms must be a finite number"),
-        (["--length-buckets", "16,x"], "argument --length-buckets: --length-buckets must be comma-separated integers"),
+        (["--max-batch-size", "x"],
+         "argument --max-batch-size: --max-batch-size must be an integer, got 'x'"),
+        (["--max-wait-ms", "inf"],
+         "argument --max-wait-ms: --max-wait-ms must be a finite number, got 'inf'"),
+        (["--max-idle-ms", "nan"],
+         "argument --max-idle-ms: --max-idle-ms must be a finite number, got 'nan'"),
+        (["--latency-slo-ms", "1e309"],
+         "argument --latency-slo-ms: --latency-slo-ms must be a finite number"),
+        (["--length-buckets", "16,x"],
+         "argument --length-buckets: --length-buckets must be comma-separated integers"),
         (["--length-buckets", "32,16"], "--length-buckets: length_buckets must be strictly ascending"),
         (["--parallelism", "0"], "argument --parallelism: --parallelism must be >= 1, got 0"),
         (["--checkpoint-interval-ms", "1.5"], "--checkpoint-interval-ms must be an integer, got '1.5'"),
@@ -308,7 +318,7 @@ def test_no_flags_give_the_defaults() -> None:
         (["--startup-mode", "now"], "--startup-mode must be one of"),
         (["--bundle-time-ms", "0"], "argument --bundle-time-ms: --bundle-time-ms must be >= 1, got 0"),
         (["--capacity", "0"], "argument --capacity: --capacity must be >= 1, got 0"),
-        (["--operator", "async", "--capacity", "4"], "--capacity (4) must be >= --max-batch-size (64)"),
+        (["--operator", "async", "--capacity", "4"], "--capacity (4) must be >= --max-batch-size (32)"),
         (["--encoder-onnx", "e.onnx"], "--encoder-onnx and --encoder-tokenizer go together"),
         (["--max-batch-size", "none"], "--max-batch-size must be an integer, got 'none'"),
     ],
@@ -335,7 +345,7 @@ def test_help_lists_every_flag_with_unit_and_default(capsys) -> None:  # type: i
     out = " ".join(capsys.readouterr().out.split())
     for opt in OPTIONS:
         assert opt.flag in out, opt.flag
-    assert "[records, default 64]" in out and "[ms, default 5.0]" in out and "[ms, default none]" in out
+    assert "[records, default 32]" in out and "[ms, default 5.0]" in out and "[ms, default none]" in out
 
 
 # -- (d) PyFlink settings -----------------------------------------------------------------
@@ -346,7 +356,7 @@ def test_flink_settings_without_a_latency_target() -> None:
         "python.fn-execution.bundle.time": "50",
         "python.fn-execution.bundle.size": "1024",
         "python.fn-execution.arrow.batch.size": "1024",
-        "table.exec.async-scalar.max-concurrent-operations": "128",
+        "table.exec.async-scalar.max-concurrent-operations": "64",
         "table.exec.async-scalar.timeout": "600000 ms",
         "table.exec.async-scalar.retry-strategy": "NO_RETRY",
     }
@@ -355,14 +365,14 @@ def test_flink_settings_without_a_latency_target() -> None:
 @pytest.mark.parametrize(
     ("options", "bundle_time", "bundle_size", "arrow_batch", "concurrent"),
     [
-        (PipelineOptions(latency_slo_ms=150.0), "10", "1024", "1024", "128"),
-        (PipelineOptions(latency_slo_ms=30.0), "5", "1024", "1024", "128"),
+        (PipelineOptions(latency_slo_ms=150.0), "10", "1024", "1024", "64"),
+        (PipelineOptions(latency_slo_ms=30.0), "5", "1024", "1024", "64"),
         (PipelineOptions(max_batch_size=1, latency_slo_ms=2.0, arrow_batch_size=100),
          "5", "1000", "100", "2"),
-        (PipelineOptions(latency_slo_ms=3000.0), "50", "1024", "1024", "128"),
+        (PipelineOptions(latency_slo_ms=3000.0), "50", "1024", "1024", "64"),
         (PipelineOptions(max_batch_size=256, arrow_batch_size=512), "50", "2048", "512", "512"),
-        (PipelineOptions(arrow_batch_size=8192), "50", "8192", "8192", "128"),
-        (PipelineOptions(latency_slo_ms=150.0, bundle_time_ms=20), "20", "1024", "1024", "128"),
+        (PipelineOptions(arrow_batch_size=8192), "50", "8192", "8192", "64"),
+        (PipelineOptions(latency_slo_ms=150.0, bundle_time_ms=20), "20", "1024", "1024", "64"),
     ],
 )
 def test_flink_settings_follow_the_options(
@@ -391,3 +401,18 @@ def test_an_infinite_latency_target_is_refused_before_the_settings() -> None:
 def test_job_parameters_format_survives_commas_colons_quotes_and_empty_values() -> None:
     params = {"aisp.model.dir": "/m:1,2", "q": 'it\'s "x"', "e": ""}
     assert json.loads(format_job_parameters(params)) == params
+
+
+@pytest.mark.parametrize(("flags", "spin"), [
+    ([], None),                                       # ORT's default (spin)
+    (["--latency-slo-ms", "150"], False),             # a latency target: idle CPU goes to the JVMs
+    (["--latency-slo-ms", "150", "--onnx-spin-wait", "true"], True),
+    (["--onnx-spin-wait", "false"], False),
+    (["--onnx-spin-wait", "none"], None),
+])
+def test_onnx_spin_wait_follows_the_latency_target_unless_set(flags: list[str], spin: bool | None) -> None:
+    options = PipelineOptions.from_args([*BASE, *flags])
+    assert options.effective_spin_wait is spin
+    params = get_from(options.job_parameters())
+    assert PipelineOptions.from_job_parameters(params, base=options) == options
+    assert PipelineOptions.from_job_parameters(params).onnx_spin_wait is options.onnx_spin_wait

@@ -105,7 +105,7 @@ def test_open_without_job_parameters_uses_the_defaults(seen_options) -> None:
     try:
         assert seen_options == [PipelineOptions()]
         runtime = function._shared.runtime
-        assert runtime.batching == BatchingConfig(max_batch_size=64, max_wait_ms=5.0, max_idle_ms=2.0)
+        assert runtime.batching == BatchingConfig(max_batch_size=32, max_wait_ms=5.0, max_idle_ms=2.0)
         assert runtime._swap_config is None
     finally:
         function.close()
@@ -212,7 +212,7 @@ def test_configure_table_env_options_win_over_extra_parameters() -> None:
     t_env = _TableEnv()
     extra = {"aisp.batch.max-size": "9"}
     settings = configure_table_env(t_env, PipelineOptions(), extra_job_parameters=extra)
-    assert json.loads(settings["pipeline.global-job-parameters"])["aisp.batch.max-size"] == "64"
+    assert json.loads(settings["pipeline.global-job-parameters"])["aisp.batch.max-size"] == "32"
 
 
 # -- the functions with a stand-in runtime ----------------------------------------------
