@@ -65,7 +65,10 @@ def _outputs(bootstrap: str, topic: str, want: int) -> dict[str, tuple[str, floa
 
 def _run(name: str, script: Path, flags: list[str], bootstrap: str, topic: str, want: int,
          logs: Path, pythonpath: str | None = None) -> dict[str, tuple[str, float]]:
+    from pyflink_aisp.kafka import create_topics
+
     out_topic = f"same-{name}-{time.monotonic_ns()}"
+    create_topics(bootstrap, [out_topic])  # a streaming job's output is read while it runs
     args = ["--bootstrap-servers", bootstrap, "--input-topic", topic, "--output-topic", out_topic,
             "--group-id", out_topic, *flags]
     print(f"[{name}] {script} {' '.join(flags)}", flush=True)
@@ -125,13 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     result = {"baseline_ref": args.baseline_ref, "reviews": len(reviews), "tolerance": args.tolerance,
               "runs": {name: compare(runs["base"], out) for name, out in runs.items()}}
     ok = True
-    print(f"| run | records | missing | extra | label flips | max |Δscore| vs {args.baseline_ref} |")
+    print(f"| run | records | missing | extra | label flips | max abs Δscore vs {args.baseline_ref} "
+          "| verdict |")
     for name, c in result["runs"].items():
         good = c["records"] == len(reviews) and not (c["missing"] or c["extra"] or c["label_flips"]) \
             and c["max_abs_score_diff"] <= args.tolerance
         ok = ok and good
         print(f"| {name} | {c['records']:,} | {c['missing']} | {c['extra']} | {c['label_flips']} | "
-              f"{c['max_abs_score_diff']:.2e} | {'same' if good else 'DIFFERENT'}")
+              f"{c['max_abs_score_diff']:.2e} | {'same' if good else 'DIFFERENT'} |")
     args.out.write_text(json.dumps(result, indent=1))
     return 0 if ok else 1
 

@@ -171,7 +171,8 @@ def _run_job(handler: LexiconSentimentHandler, reviews: list[Review]) -> list[tu
     from pyflink.common import Time, Types
     from pyflink.datastream import AsyncDataStream, StreamExecutionEnvironment
 
-    from pyflink_aisp.inference import BatchedInferenceFunction, BatchingConfig
+    from pyflink_aisp.inference import BatchingConfig
+    from pyflink_aisp.pipeline.flink import BatchedInferenceFunction
 
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_python_executable(sys.executable)  # workers use this venv
