@@ -43,6 +43,7 @@ from pyflink_aisp.inference._onnx import (
     ProviderSpec,
     _split_providers,
     normalize_providers,
+    open_session,
     provider_device,
 )
 from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizerConfig
@@ -166,11 +167,7 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
         device_id: int | None = None,
         intra_op_num_threads: int | None = None,
     ) -> None:
-        super().__init__()
-        if max_length is not None and max_length < 1:
-            raise ConfigError(f"max_length must be >= 1 or None, got {max_length}")
-        if intra_op_num_threads is not None and intra_op_num_threads < 1:
-            raise ConfigError(f"intra_op_num_threads must be >= 1 or None, got {intra_op_num_threads}")
+        super().__init__(max_length=max_length, intra_op_num_threads=intra_op_num_threads)
         if output is not None and (not isinstance(output, str) or not output):
             raise ConfigError(f"output must be a non-empty graph output name or None, got {output!r}")
         self._model_path = Path(model_path)
@@ -224,23 +221,8 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
 
     def _open_session(self) -> ort.InferenceSession:
         names, options = _split_providers(self._providers)
-        session_options = ort.SessionOptions()
-        session_options.inter_op_num_threads = 1
-        if self._threads is not None:
-            session_options.intra_op_num_threads = self._threads
-        try:
-            session = ort.InferenceSession(
-                str(self._model_path), sess_options=session_options, providers=names, provider_options=options
-            )
-        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/RuntimeError types
-            raise ModelError(f"cannot load {self._model_path}: {exc}") from exc
-        dropped = [name for name in names if name not in session.get_providers()]
-        if dropped:
-            raise ModelError(
-                f"onnxruntime could not initialise {dropped} for {self._model_path} "
-                f"(session has {session.get_providers()}); refusing to fall back"
-            )
-        return session
+        return open_session(self._model_path, str(self._model_path), list(zip(names, options, strict=True)),
+                            intra_op_num_threads=self._threads)
 
     def _plan_feeds(self, session: ort.InferenceSession) -> dict[TokenField, tuple[str, type[np.integer]]]:
         """``{field: (input name, dtype)}`` covering every graph input.

@@ -190,7 +190,16 @@ class TextEncoderHandler(ModelHandler[str, Embedding, EncoderT]):
     those the version was taken from.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_length: int | None = None, intra_op_num_threads: int | None = None) -> None:
+        """Check the options both runtimes share.
+
+        Raises:
+            ConfigError: ``max_length`` or ``intra_op_num_threads`` < 1.
+        """
+        if max_length is not None and max_length < 1:
+            raise ConfigError(f"max_length must be >= 1 or None, got {max_length}")
+        if intra_op_num_threads is not None and intra_op_num_threads < 1:
+            raise ConfigError(f"intra_op_num_threads must be >= 1 or None, got {intra_op_num_threads}")
         self._version: str | None = None
 
     @abc.abstractmethod

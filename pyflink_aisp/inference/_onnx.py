@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +37,7 @@ __all__ = [
     "ProviderSpec",
     "encode_texts",
     "normalize_providers",
+    "open_session",
     "provider_device",
 ]
 
@@ -195,31 +197,9 @@ class OnnxSentimentModel:
     def _open_session(
         self, names: list[str], options: list[dict[str, object]], intra_op_num_threads: int | None
     ) -> ort.InferenceSession:
-        session_options = ort.SessionOptions()
-        session_options.inter_op_num_threads = 1
-        if intra_op_num_threads is not None:
-            session_options.intra_op_num_threads = intra_op_num_threads
-        if self._allow_spinning is not None:
-            session_options.add_session_config_entry("session.intra_op.allow_spinning",
-                                                     "1" if self._allow_spinning else "0")
-        try:
-            session = ort.InferenceSession(
-                str(self.assets.onnx_path),
-                sess_options=session_options,
-                providers=names,
-                provider_options=options,
-            )
-        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/RuntimeError types
-            raise ModelError(
-                f"cannot load {self.assets.onnx_path} (model {self.assets.sha256[:12]}): {exc}"
-            ) from exc
-        dropped = [name for name in names if name not in session.get_providers()]
-        if dropped:
-            raise ModelError(
-                f"onnxruntime could not initialise {dropped} for model {self.assets.sha256[:12]} "
-                f"(session has {session.get_providers()}); refusing to fall back"
-            )
-        return session
+        return open_session(self.assets.onnx_path, f"model {self.assets.sha256[:12]}",
+                            list(zip(names, options, strict=True)), intra_op_num_threads=intra_op_num_threads,
+                            allow_spinning=self._allow_spinning)
 
     @property
     def model_version(self) -> str:
@@ -317,6 +297,46 @@ class OnnxSentimentModel:
             binding.bind_output(name, device_type, int(index or 0))
         self._session.run_with_iobinding(binding)
         return list(binding.copy_outputs_to_cpu())
+
+
+def open_session(
+    path: Path,
+    label: str,
+    providers: Sequence[tuple[str, dict[str, object]]],
+    *,
+    intra_op_num_threads: int | None = None,
+    allow_spinning: bool | None = None,
+) -> ort.InferenceSession:
+    """An ONNX Runtime session on exactly ``providers``: one inter-op thread, the given
+    intra-op threads and spinning (``session.intra_op.allow_spinning``, None: ORT's default).
+
+    Args:
+        path: The ``.onnx`` file.
+        label: How errors name the model (e.g. ``"model 880771a62774"``).
+        providers: ``(name, options)`` pairs, already checked by :func:`_split_providers`.
+
+    Raises:
+        ModelError: The model does not load, or ORT dropped a requested provider
+            (it then silently keeps only the CPU provider: refused, no fallback).
+    """
+    session_options = ort.SessionOptions()
+    session_options.inter_op_num_threads = 1
+    if intra_op_num_threads is not None:
+        session_options.intra_op_num_threads = intra_op_num_threads
+    if allow_spinning is not None:
+        session_options.add_session_config_entry("session.intra_op.allow_spinning",
+                                                 "1" if allow_spinning else "0")
+    names = [name for name, _ in providers]
+    try:
+        session = ort.InferenceSession(str(path), sess_options=session_options, providers=names,
+                                       provider_options=[dict(opts) for _, opts in providers])
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/RuntimeError types
+        raise ModelError(f"cannot load {path} ({label}): {exc}") from exc
+    dropped = [name for name in names if name not in session.get_providers()]
+    if dropped:
+        raise ModelError(f"onnxruntime could not initialise {dropped} for {label} "
+                         f"(session has {session.get_providers()}); refusing to fall back")
+    return session
 
 
 def encode_texts(

@@ -211,11 +211,7 @@ class TorchEncoderHandler(TextEncoderHandler[TorchEncoderModel]):
         device: str = "cpu",
         intra_op_num_threads: int | None = None,
     ) -> None:
-        super().__init__()
-        if max_length is not None and max_length < 1:
-            raise ConfigError(f"max_length must be >= 1 or None, got {max_length}")
-        if intra_op_num_threads is not None and intra_op_num_threads < 1:
-            raise ConfigError(f"intra_op_num_threads must be >= 1 or None, got {intra_op_num_threads}")
+        super().__init__(max_length=max_length, intra_op_num_threads=intra_op_num_threads)
         if not isinstance(output, str) or not output.isidentifier():
             raise ConfigError(f"output must be an attribute name of the model output, got {output!r}")
         self._model_dir = Path(model_dir)
