@@ -20,6 +20,7 @@ from pyflink_aisp._home import aisp_home
 from pyflink_aisp.errors import ConfigError, EnvironmentSetupError, ServiceError
 from pyflink_aisp.local._flink import FlinkCluster
 from pyflink_aisp.local._flink_config import FlinkClusterConfig
+from pyflink_aisp.local._jars import flink_connector_jars
 from pyflink_aisp.local._kafka import KafkaBroker, KafkaBrokerConfig
 
 __all__ = [
@@ -206,6 +207,10 @@ class LocalStack:
     def up(self) -> StackStatus:
         """Start Kafka (and Flink when ``with_flink``) unless running; wait until they answer.
 
+        With Flink, the Flink Kafka connector is resolved into the jar cache first
+        (:func:`~pyflink_aisp.local.flink_connector_jars`), where jobs find it
+        (:func:`pyflink_aisp.pipeline.connector_jars`).
+
         Returns:
             The status after start-up.
 
@@ -227,6 +232,7 @@ class LocalStack:
             broker.preflight()
             if cluster is not None:
                 cluster.preflight()
+                flink_connector_jars()  # the jar cache the jobs find the Kafka connector in
             self._record(recorded)
             broker.start()
             if cluster is not None:
