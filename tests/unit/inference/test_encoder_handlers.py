@@ -384,8 +384,10 @@ def test_torch_output_and_pooling_are_checked_at_load() -> None:
 
 
 def test_gpu_requests_never_fall_back_to_cpu(paraphrase: ParaphraseMiniLM) -> None:
-    if cuda_available():
-        pytest.skip("a CUDA device is present: the refusal cannot be observed")
+    if cuda_available():  # a GPU host: the request is honoured on the GPU, not refused
+        model = torch_handler(device="cuda").load_model()
+        assert str(next(model.module.parameters()).device).startswith("cuda")
+        return
     with pytest.raises(ModelError, match=r"refusing|not available|cannot load"):
         paraphrase_handler(paraphrase, providers=("CUDAExecutionProvider",)).load_model()
     gpu = paraphrase_handler(paraphrase, providers=("CUDAExecutionProvider",), device_id=1)
