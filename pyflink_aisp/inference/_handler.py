@@ -33,7 +33,14 @@ import numpy.typing as npt
 
 from pyflink_aisp.errors import ConfigError, ModelError
 
-__all__ = ["ModelHandler", "Prepared"]
+__all__ = ["ModelHandler", "Prepared", "as_list"]
+
+
+def as_list(batch: Sequence[Any]) -> list[Any]:
+    """A batch as a list of Python values: Arrow arrays through ``to_pylist()``
+    (``list()`` would give Arrow scalars; nulls become None), anything else ``list()``."""
+    to_pylist = getattr(batch, "to_pylist", None)
+    return list(to_pylist()) if callable(to_pylist) else list(batch)
 
 ExampleT = TypeVar("ExampleT")
 PredictionT = TypeVar("PredictionT")
@@ -130,7 +137,7 @@ class ModelHandler(abc.ABC, Generic[ExampleT, PredictionT, ModelT]):
             Exception: for a bad example; the runtime then prepares smaller
                 parts so that only the bad examples fail.
         """
-        examples = list(batch)
+        examples = as_list(batch)
         lengths = np.fromiter((self.example_tokens(x, model) for x in examples), dtype=np.int64,
                               count=len(examples))
         return Prepared(examples, lengths)

@@ -43,7 +43,7 @@ import numpy.typing as npt
 
 from pyflink_aisp.errors import AispError, InferenceError, ModelError
 from pyflink_aisp.inference._batcher import BatchReport, MicroBatcher
-from pyflink_aisp.inference._handler import ModelHandler, Prepared
+from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
 from pyflink_aisp.inference._metrics import Window, register_window, version_number
 from pyflink_aisp.inference._queue import BatchingConfig
 from pyflink_aisp.inference._swap import ModelPointer, ModelSwapConfig, read_pointer
@@ -219,7 +219,7 @@ class ModelRuntime:
         except Exception as exc:
             if n == 1:
                 return [(start, exc, 1)]
-            items = examples if isinstance(examples, list) else list(examples)
+            items = examples if isinstance(examples, list) else as_list(examples)
             mid = n // 2
             head = self._prepare_isolating(items[:mid], start)
             return head + self._prepare_isolating(items[mid:], start + mid)

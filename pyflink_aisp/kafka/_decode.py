@@ -152,6 +152,7 @@ def decode_record(value: bytes | None, topic: str, partition: int, offset: int) 
     try:
         return decode_review(value, source)
     except Exception as exc:
-        raw = None if value is None else bytes(value)
+        raw = None if value is None else (value.encode("utf-8", "surrogatepass") if isinstance(value, str)
+                                          else bytes(value))
         return DeadLetter(reason=Reason.DECODE_ERROR, detail=f"{type(exc).__name__}: {exc}", source=source,
                           value=raw)

@@ -211,3 +211,17 @@ def test_infer_batch_after_the_last_release_is_an_error() -> None:
     assert not ModelRuntime._registry
     with pytest.raises(InferenceError, match="closed"):
         runtime.infer_batch(["a"])
+
+
+def test_an_arrow_batch_with_a_null_fails_only_the_null_row(acquire: Any) -> None:
+    """Arrow input reaches the default hooks as Python values (not Arrow scalars); a null
+    fails its own row when the batch is prepared again in parts (found by a breaker run)."""
+    import pyarrow as pa
+
+    runtime, handler = acquire(max_batch_size=8)
+    for batch in (pa.array(["ab", None, "abcd"]), pa.chunked_array([["ab", None], ["abcd"]])):
+        out = runtime.infer_batch(batch)
+        assert [o.prediction for o in (out[0], out[2])] == [20, 40]  # type: ignore[union-attr]
+        assert isinstance(out[1], TypeError) and "None" in str(out[1])
+    parts = [part for part in handler.prepared if len(part) < 3]  # prepared again in parts, as lists
+    assert parts and all(x is None or isinstance(x, str) for part in parts for x in part)

@@ -80,3 +80,11 @@ def test_dead_letter_json_is_ascii_even_for_odd_details():
     letter = DeadLetter(reason=Reason.DECODE_ERROR, detail="bad \ud800 thing", source=SRC, value=b"v")
     assert letter.to_json().isascii()
     assert json.loads(letter.to_json())["value_truncated"] is False
+
+
+def test_a_str_value_becomes_a_decode_error_letter_not_an_exception():
+    from pyflink_aisp.kafka import decode_record
+
+    letter = decode_record("not bytes", "t", 0, 7)
+    assert isinstance(letter, DeadLetter) and letter.reason is Reason.DECODE_ERROR
+    assert letter.value == b"not bytes" and letter.source.offset == 7
