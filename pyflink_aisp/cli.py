@@ -39,7 +39,10 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
     bootstrap = args.bootstrap_servers or default_bootstrap_servers()
     reviews = load_rotten_tomatoes()[: args.limit]
-    create_topics(bootstrap, [args.topic], partitions=args.partitions)
+    for info in create_topics(bootstrap, [args.topic], partitions=args.partitions,
+                              replication_factor=args.replication_factor):
+        print(f"{'created' if info.created else 'existing'} topic {info.name} "
+              f"({info.partitions} partitions, replication factor {info.replication_factor})")
     names = {1: "fresh", 0: "rotten"}
     records = ({"id": r.id, "text": r.text, "label": names[r.label]} for r in reviews)
     result = ingest_records(bootstrap, args.topic, records, total=len(reviews),
@@ -54,6 +57,13 @@ def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
@@ -88,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default: $AISP_KAFKA_BOOTSTRAP, else 127.0.0.1:$AISP_KAFKA_PORT (9092)")
     ingest.add_argument("--topic", required=True)
     ingest.add_argument("--limit", type=_non_negative, default=None, help="first N reviews only")
-    ingest.add_argument("--partitions", type=int, default=1, help="partitions if the topic is created")
+    ingest.add_argument("--partitions", type=_positive, default=None,
+                        help="partitions if the topic is created (default: the broker's num.partitions)")
+    ingest.add_argument("--replication-factor", type=_positive, default=None,
+                        help="replication factor if the topic is created "
+                             "(default: the broker's default.replication.factor)")
     ingest.add_argument("--no-progress", action="store_true")
     ingest.set_defaults(func=_cmd_ingest)
 

@@ -8,6 +8,7 @@ The PyFlink-dependent pieces (:class:`DecodeFunction`, :data:`DLQ_TAG`) live in
 from __future__ import annotations
 
 from pyflink_aisp.kafka._admin import (
+    TopicInfo,
     create_topics,
     default_bootstrap_servers,
     delete_topics,
@@ -38,6 +39,7 @@ __all__ = [
     "KafkaSinkTable",
     "KafkaSourceTable",
     "StartupMode",
+    "TopicInfo",
     "create_topics",
     "decode_record",
     "decode_review",

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
-from pyflink_aisp.errors import KafkaError
+from pyflink_aisp.errors import ConfigError, KafkaError
 
-__all__ = ["create_topics", "default_bootstrap_servers", "delete_topics", "list_topics", "read_topic"]
+__all__ = [
+    "TopicInfo",
+    "create_topics",
+    "default_bootstrap_servers",
+    "delete_topics",
+    "list_topics",
+    "read_topic",
+]
+
+_log = logging.getLogger(__name__)
 
 
 def default_bootstrap_servers() -> str:
@@ -33,8 +44,12 @@ def list_topics(bootstrap_servers: str, timeout_s: float = 10.0) -> set[str]:
     Raises:
         KafkaError: no broker answered within ``timeout_s``.
     """
+    return set(_metadata(_admin(bootstrap_servers), bootstrap_servers, timeout_s).topics)
+
+
+def _metadata(admin: AdminClient, bootstrap_servers: str, timeout_s: float) -> ClusterMetadata:
     try:
-        return set(_admin(bootstrap_servers).list_topics(timeout=timeout_s).topics)
+        return admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise KafkaError(
             f"no Kafka broker answered at {bootstrap_servers} within {timeout_s:.0f} s ({exc}); "
@@ -42,19 +57,115 @@ def list_topics(bootstrap_servers: str, timeout_s: float = 10.0) -> set[str]:
         ) from exc
 
 
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic as the cluster describes it after :func:`create_topics`.
+
+    Attributes:
+        name: The topic.
+        partitions: Its partition count, read back from the cluster's metadata.
+        replication_factor: Replicas per partition, read back (the smallest over its partitions).
+        created: True when this call created it; False when it existed already (then its
+            partitions and replication factor are whatever it was created with).
+    """
+
+    name: str
+    partitions: int
+    replication_factor: int
+    created: bool
+
+
 def create_topics(
-    bootstrap_servers: str, topics: Iterable[str], *, partitions: int = 1, timeout_s: float = 30.0
-) -> None:
-    """Create topics (replication factor 1) and wait until each exists; existing ones are kept.
+    bootstrap_servers: str,
+    topics: Iterable[str],
+    *,
+    partitions: int | None = None,
+    replication_factor: int | None = None,
+    timeout_s: float = 30.0,
+) -> list[TopicInfo]:
+    """Create topics, wait until each exists and say what the cluster holds.
+
+    ``None`` for ``partitions`` / ``replication_factor`` means the broker's defaults,
+    ``num.partitions`` and ``default.replication.factor`` (KIP-464: the request carries
+    -1), so a production cluster (e.g. ``min.insync.replicas=2``) gets the replication
+    its operators configured, and the single-node local broker gets 1. Existing topics
+    are kept as they are. Each result is logged at INFO.
+
+    Returns:
+        One :class:`TopicInfo` per requested topic, in order, with partitions and
+        replication factor read back from the cluster.
 
     Raises:
-        KafkaError: no broker answered, or creation failed for a reason other than "already exists".
+        ConfigError: ``partitions`` or ``replication_factor`` is given and below 1.
+        KafkaError: no broker answered; the replication factor asked exceeds the brokers
+            the cluster has; creation failed for a reason other than "already exists"; or
+            a topic did not show up in the metadata within ``timeout_s``.
     """
-    list_topics(bootstrap_servers, timeout_s=min(timeout_s, 10.0))
-    new = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics]
+    names = list(dict.fromkeys(topics))
+    for label, value in (("partitions", partitions), ("replication_factor", replication_factor)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{label} must be >= 1 or None (broker default), got {value}")
     admin = _admin(bootstrap_servers)  # keep a reference: the futures die with the client
-    _await_all(admin.create_topics(new, operation_timeout=timeout_s), "create",
-               ignore="TOPIC_ALREADY_EXISTS", timeout_s=timeout_s)
+    brokers = len(_metadata(admin, bootstrap_servers, min(timeout_s, 10.0)).brokers)
+    if replication_factor is not None and replication_factor > brokers:
+        raise KafkaError(_rf_message(names, replication_factor, brokers))
+    new = [NewTopic(t, num_partitions=-1 if partitions is None else partitions,
+                    replication_factor=-1 if replication_factor is None else replication_factor)
+           for t in names]
+    created = _create(admin, new, replication_factor, brokers, timeout_s) if new else set()
+    infos = _describe(admin, names, created, time.monotonic() + timeout_s)
+    for info in infos:
+        _log.info("%s topic %s (%d partitions, replication factor %d)",
+                  "created" if info.created else "kept existing", info.name, info.partitions,
+                  info.replication_factor)
+    return infos
+
+
+def _rf_message(names: list[str], replication_factor: int | str, brokers: int) -> str:
+    return (f"cannot create topic {', '.join(names)} with replication factor {replication_factor}: "
+            f"the cluster has {brokers} broker(s)")
+
+
+def _create(
+    admin: AdminClient, new: list[NewTopic], replication_factor: int | None, brokers: int, timeout_s: float
+) -> set[str]:
+    """Send the create request; the names created (not "already exists")."""
+    created: set[str] = set()
+    for topic, fut in admin.create_topics(new, operation_timeout=timeout_s).items():
+        try:
+            fut.result(timeout=timeout_s)
+            created.add(topic)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.name() == "TOPIC_ALREADY_EXISTS":
+                continue
+            if err.name() == "INVALID_REPLICATION_FACTOR":
+                asked = replication_factor or "default.replication.factor"
+                raise KafkaError(f"{_rf_message([topic], asked, brokers)} ({err.str()})") from exc
+            raise KafkaError(f"cannot create topic {topic}: {exc}") from exc
+    return created
+
+
+def _describe(admin: AdminClient, names: list[str], created: set[str], deadline: float) -> list[TopicInfo]:
+    """Read each topic's partitions and replicas back, polling until the metadata has them."""
+    infos: dict[str, TopicInfo] = {}
+    while True:
+        for name in names:
+            if name in infos:
+                continue
+            meta = admin.list_topics(name, timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            topic = meta.topics.get(name)
+            if topic is None or topic.error is not None or not topic.partitions:
+                continue
+            rf = min(len(p.replicas) for p in topic.partitions.values())
+            if rf > 0:
+                infos[name] = TopicInfo(name, len(topic.partitions), rf, name in created)
+        if len(infos) == len(names):
+            return [infos[n] for n in names]
+        if time.monotonic() >= deadline:
+            missing = ", ".join(n for n in names if n not in infos)
+            raise KafkaError(f"topic(s) {missing} not in the cluster's metadata after creation")
+        time.sleep(0.2)
 
 
 def delete_topics(bootstrap_servers: str, topics: Iterable[str], timeout_s: float = 30.0) -> None:
