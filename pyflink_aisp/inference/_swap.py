@@ -11,6 +11,13 @@ sha256 and checks the model runs, then swapped in between two batches. A
 pointer that fails is reported and skipped until it changes again; the old
 model keeps serving. The pointer must be readable from every TaskManager
 (a shared file system or the same host).
+
+Permissions: the publisher needs write and search permission on the pointer's
+directory; every TaskManager user needs read permission on the pointer and on
+the model files it names, and search (``x``) permission on their directories.
+:func:`publish_model` therefore writes the pointer with mode 0644 whatever the
+publisher's umask (``mkstemp`` alone gives 0600, which a TaskManager running as
+another user cannot read): a pointer holds only a path and a hash, nothing secret.
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from pyflink_aisp.errors import ConfigError, ModelError
 from pyflink_aisp.models._checksum import is_sha256_hex, sha256_file
 
 __all__ = ["ModelPointer", "ModelSwapConfig", "publish_model", "read_pointer"]
+
+_POINTER_MODE = 0o644
+"""File mode of a published pointer: world-readable, so TaskManagers of any user read it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,13 +66,20 @@ def read_pointer(pointer_path: Path) -> ModelPointer | None:
     """Read a pointer file; None when it does not exist.
 
     Raises:
-        ModelError: the file is not a JSON object with a string ``path`` and a
+        ModelError: the file cannot be read (a permission problem names the user and
+            the path), or is not a JSON object with a string ``path`` and a
             64-hex-digit ``sha256``.
     """
     try:
         text = pointer_path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+    except PermissionError as exc:
+        raise ModelError(
+            f"permission denied: user {_user()} cannot read model pointer {pointer_path} ({exc}); "
+            "every TaskManager user needs read permission on the pointer and search (x) permission "
+            "on its directories"
+        ) from exc
     except OSError as exc:
         raise ModelError(f"cannot read model pointer {pointer_path}: {exc}") from exc
     try:
@@ -76,8 +93,22 @@ def read_pointer(pointer_path: Path) -> ModelPointer | None:
     return ModelPointer(path if path.is_absolute() else pointer_path.parent / path, doc["sha256"])
 
 
+def _user() -> str:
+    """``name (uid N)`` of this process's effective user, for permission messages."""
+    uid = os.geteuid()
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):  # no passwd entry (e.g. an arbitrary container uid)
+        return f"uid {uid}"
+
+
 def publish_model(pointer_path: Path, model_path: Path) -> ModelPointer:
     """Point ``pointer_path`` at ``model_path`` (hashed now), atomically.
+
+    The pointer gets mode 0644 regardless of the umask, so
+    TaskManagers running as other users can read it (see the module docstring).
 
     Returns:
         The pointer written (absolute model path).
@@ -102,6 +133,7 @@ def publish_model(pointer_path: Path, model_path: Path) -> ModelPointer:
         raise ModelError(f"cannot write the pointer {pointer_path}: {exc}") from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            os.fchmod(fh.fileno(), _POINTER_MODE)
             json.dump({"path": str(pointer.path), "sha256": pointer.sha256}, fh)
         os.replace(tmp, pointer_path)
     except OSError as exc:

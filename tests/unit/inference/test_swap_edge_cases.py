@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
+import os
+import pwd
+import stat
 import time
 from pathlib import Path
 
 import pytest
 
 from pyflink_aisp.errors import ConfigError, ModelError
-from pyflink_aisp.inference import BatchingConfig, ModelHandler, ModelRuntime, ModelSwapConfig, publish_model
+from pyflink_aisp.inference import (
+    BatchingConfig,
+    ModelHandler,
+    ModelPointer,
+    ModelRuntime,
+    ModelSwapConfig,
+    publish_model,
+    read_pointer,
+)
 
 
 class VersionedHandler(ModelHandler[str, str, str]):
@@ -86,3 +98,63 @@ def test_poll_interval_inf_is_refused() -> None:
     watcher thread then dies with OverflowError in Event.wait and hot swap stops silently."""
     with pytest.raises(ConfigError):
         ModelSwapConfig(pointer_path=Path("/tmp/p.json"), poll_interval_s=math.inf)
+
+
+def test_published_pointer_is_world_readable_under_a_strict_umask(tmp_path: Path) -> None:
+    """mkstemp made the pointer 0600: a TaskManager running as another user never saw a new
+    model. It is 0644 whatever the publisher's umask (it holds only a path and a hash);
+    republishing keeps the mode and the atomic replace leaves no temporary file."""
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"model")
+    pointer = tmp_path / "model.json"
+    old = os.umask(0o077)
+    try:
+        publish_model(pointer, model)
+        assert stat.S_IMODE(pointer.stat().st_mode) == 0o644
+        publish_model(pointer, model)
+        assert stat.S_IMODE(pointer.stat().st_mode) == 0o644
+    finally:
+        os.umask(old)
+    assert read_pointer(pointer) == ModelPointer(model.resolve(), hashlib.sha256(b"model").hexdigest())
+    assert not list(tmp_path.glob(".pointer-*"))
+
+
+def _deny_pointer(monkeypatch: pytest.MonkeyPatch, pointer: Path) -> None:
+    """Reading ``pointer`` raises PermissionError (the suite may run as root, where chmod 000 reads)."""
+    real = Path.read_text
+
+    def read_text(self: Path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self == pointer:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+
+
+def test_unreadable_pointer_says_permission_user_and_path(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    pointer = tmp_path / "model.json"
+    _deny_pointer(monkeypatch, pointer)
+    with pytest.raises(ModelError) as err:
+        read_pointer(pointer)
+    message = str(err.value)
+    assert message.startswith(f"permission denied: user {pwd.getpwuid(os.geteuid()).pw_name} "
+                              f"(uid {os.geteuid()}) cannot read model pointer {pointer} ")
+    assert "read permission on the pointer" in message and "\n" not in message
+
+
+def test_watcher_logs_the_permission_problem(tmp_path: Path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    """The runtime's watcher reports read_pointer's message: a permission problem, user, path."""
+    a = tmp_path / "a.onnx"
+    a.write_bytes(b"model A")
+    pointer = tmp_path / "model.json"
+    publish_model(pointer, a)
+    _deny_pointer(monkeypatch, pointer)
+    with caplog.at_level(logging.ERROR):
+        runtime = ModelRuntime.acquire(VersionedHandler(a), BatchingConfig(max_batch_size=4, max_wait_ms=1),
+                                       swap=ModelSwapConfig(pointer_path=pointer, poll_interval_s=0.05))
+        try:
+            assert runtime.submit("x").result(timeout=5).model_version == runtime.model_version
+        finally:
+            runtime.release()
+    assert f"permission denied: user {pwd.getpwuid(os.geteuid()).pw_name}" in caplog.text
+    assert f"cannot read model pointer {pointer}" in caplog.text
