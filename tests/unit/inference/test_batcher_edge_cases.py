@@ -87,16 +87,22 @@ def test_cancelled_future_via_asyncio_wait_for() -> None:
         batcher.close()
 
 
-@pytest.mark.parametrize("wait_ms", [math.inf, math.nan, 1e13])
-def test_max_wait_ms_non_finite_is_refused_or_served(wait_ms: float) -> None:
-    """--max-wait-ms inf / 1e13 (> threading.TIMEOUT_MAX) crashes the batching thread
-    with OverflowError in Condition.wait; nan makes a record wait forever. Both are
-    accepted by BatchingConfig (and by the job's flag and aisp.batch.max-wait-ms)."""
-    try:
-        config = BatchingConfig(max_batch_size=8, max_wait_ms=wait_ms)
-    except ConfigError:
-        return  # refused up front: fine
-    batcher = MicroBatcher(lambda xs: xs, config)
+@pytest.mark.parametrize(
+    ("wait_ms", "shown"), [(math.inf, "inf"), (math.nan, "nan"), (1e13, "10000000000000.0")]
+)
+def test_max_wait_ms_non_finite_is_refused(wait_ms: float, shown: str) -> None:
+    """--max-wait-ms inf / 1e13 (> threading.TIMEOUT_MAX) once crashed the batching thread
+    with OverflowError in Condition.wait; nan made a record wait forever. BatchingConfig
+    now refuses them up front (the test used to return early on that refusal)."""
+    with pytest.raises(ConfigError) as err:
+        BatchingConfig(max_batch_size=8, max_wait_ms=wait_ms)
+    assert str(err.value) == f"max_wait_ms must be a finite number of ms up to 3,600,000, got {shown}"
+
+
+def test_max_wait_ms_at_its_bound_is_served() -> None:
+    """The largest wait accepted (one hour) does not overflow the batching thread's wait; the
+    partial batch goes out once the queue is idle (max_idle_ms, 2 ms by default)."""
+    batcher = MicroBatcher(lambda xs: xs, BatchingConfig(max_batch_size=8, max_wait_ms=3_600_000))
     try:
         future = batcher.submit(1)
         cf.wait([future], timeout=1.0)

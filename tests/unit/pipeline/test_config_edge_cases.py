@@ -91,14 +91,23 @@ def test_sql_job_parameters_must_be_finite(key: str, value: str) -> None:
         PipelineOptions.from_job_parameters(lambda k, d: params.get(k, d))
 
 
-def test_python_worker_settings_with_infinite_slo() -> None:
+@pytest.mark.parametrize(
+    ("slo_ms", "shown"), [(math.inf, "inf"), (math.nan, "nan"), (3_600_000.5, "3600000.5")]
+)
+def test_python_worker_settings_with_infinite_slo(slo_ms: float, shown: str) -> None:
     """latency_slo_ms=inf once passed BatchingConfig, then the worker settings crashed
-    with ValueError (int(inf // 4) = int(nan)). Now it never gets that far."""
-    with pytest.raises(ConfigError, match="latency_slo_ms must be a finite number"):
-        BatchingConfig(latency_slo_ms=math.inf)
-    with pytest.raises(ConfigError, match="latency_slo_ms must be a finite number"):
-        PipelineOptions(latency_slo_ms=math.inf)
+    with ValueError (int(inf // 4) = int(nan)). Now BatchingConfig and PipelineOptions
+    (naming the flag) refuse it, and nan or anything above one hour, up front; the
+    largest target accepted still gives finite worker settings."""
+    expected = f"latency_slo_ms must be a finite number of ms up to 3,600,000, got {shown}"
+    with pytest.raises(ConfigError) as batching_err:
+        BatchingConfig(latency_slo_ms=slo_ms)
+    assert str(batching_err.value) == expected
+    with pytest.raises(ConfigError) as options_err:
+        PipelineOptions(latency_slo_ms=slo_ms)
+    assert str(options_err.value) == f"--latency-slo-ms: {expected}"
     largest = PipelineOptions(latency_slo_ms=3_600_000.0)  # the largest target accepted
+    assert largest.batching().latency_slo_ms == 3_600_000.0
     assert flink_settings(largest)["python.fn-execution.bundle.time"] == "50"
 
 
