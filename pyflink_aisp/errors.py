@@ -15,7 +15,8 @@ caller can catch one type. Errors carry the context a user needs to act
     ├── DecodeError            one record could not be decoded (goes to the DLQ)
     ├── TokenizeError          one input could not be tokenized
     ├── InferenceError         a record got no prediction (batcher closed, timed out)
-    │   └── InferenceTimeoutError  it waited longer than the operator's timeout
+    │   ├── InferenceTimeoutError  it waited longer than the operator's timeout
+    │   └── CircuitOpenError       too many records fail inference: fail the job (restart)
     └── KafkaError             producing to / consuming from Kafka failed
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 __all__ = [
     "AispError",
     "ChecksumError",
+    "CircuitOpenError",
     "ConfigError",
     "DataError",
     "DecodeError",
@@ -104,6 +106,39 @@ class InferenceError(AispError):
 
 class InferenceTimeoutError(InferenceError):
     """A record waited longer than its operator's timeout (dead-lettered as ``inference_timeout``)."""
+
+
+class CircuitOpenError(InferenceError):
+    """The inference failure rate over a window of records reached its threshold.
+
+    Raised by :class:`~pyflink_aisp.inference.FailureRateBreaker` and left to
+    fail the job, so that Flink restarts it from the last checkpoint instead of
+    dead-lettering the whole stream (a circuit breaker, Nygard, *Release It!*).
+
+    Attributes:
+        failure_rate: Failures / records in the window when it opened.
+        failures: Failed records in the window.
+        records: Records in the window.
+        max_failure_rate: The threshold.
+        last_failure: ``"Type: message"`` of the last failure (≤ 300 chars, '' if unknown).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        failure_rate: float = 0.0,
+        failures: int = 0,
+        records: int = 0,
+        max_failure_rate: float = 0.0,
+        last_failure: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.failure_rate = failure_rate
+        self.failures = failures
+        self.records = records
+        self.max_failure_rate = max_failure_rate
+        self.last_failure = last_failure
 
 
 class KafkaError(AispError):

@@ -10,7 +10,10 @@ Public API: :class:`ModelHandler` (with the batch-path :class:`Prepared`); batch
 :class:`SloController`, :class:`Knobs`, :class:`ParetoPoint`; the per-worker
 runtime: :class:`ModelRuntime`, :class:`Inferred`; hot swap:
 :class:`ModelSwapConfig`, :class:`ModelPointer`, :func:`publish_model`,
-:func:`read_pointer`; the sentiment model: :class:`SentimentHandler`, :data:`SentimentPrediction`,
+:func:`read_pointer`, and the probe set a new version must pass:
+:data:`SWAP_PROBE_TEXTS`, :func:`check_probe_outputs`; the inference-failure circuit
+breaker: :class:`FailureRateBreaker`, :class:`BreakerConfig`; the sentiment model:
+:class:`SentimentHandler`, :data:`SentimentPrediction`,
 :class:`OnnxSentimentModel`, :class:`ExecutionProvider`, :data:`ProviderSpec`,
 :func:`normalize_providers`, :func:`provider_device`; generic text encoders
 (any ONNX graph or HF safetensors checkpoint with a ``tokenizer.json``):
@@ -24,6 +27,7 @@ contract test is in :mod:`pyflink_aisp.inference.testing`.
 from __future__ import annotations
 
 from pyflink_aisp.inference._batcher import BatchReport, BatchStats, MicroBatcher, is_out_of_memory
+from pyflink_aisp.inference._breaker import BreakerConfig, FailureRateBreaker
 from pyflink_aisp.inference._encoder import OnnxEncoderHandler, OnnxEncoderModel
 from pyflink_aisp.inference._encoder_common import Pooling, TokenField
 from pyflink_aisp.inference._handler import ModelHandler, Prepared
@@ -34,6 +38,7 @@ from pyflink_aisp.inference._onnx import (
     normalize_providers,
     provider_device,
 )
+from pyflink_aisp.inference._probe import SWAP_PROBE_TEXTS, check_probe_outputs
 from pyflink_aisp.inference._queue import BatchingConfig, BatchQueue
 from pyflink_aisp.inference._runtime import Inferred, ModelRuntime
 from pyflink_aisp.inference._sentiment import SentimentHandler, SentimentPrediction
@@ -43,11 +48,14 @@ from pyflink_aisp.inference._torch import TorchSentimentHandler, TorchSentimentM
 from pyflink_aisp.inference._torch_encoder import TorchEncoderHandler, TorchEncoderModel
 
 __all__ = [
+    "SWAP_PROBE_TEXTS",
     "BatchQueue",
     "BatchReport",
     "BatchStats",
     "BatchingConfig",
+    "BreakerConfig",
     "ExecutionProvider",
+    "FailureRateBreaker",
     "Inferred",
     "Knobs",
     "MicroBatcher",
@@ -70,6 +78,7 @@ __all__ = [
     "TorchEncoderModel",
     "TorchSentimentHandler",
     "TorchSentimentModel",
+    "check_probe_outputs",
     "is_out_of_memory",
     "normalize_providers",
     "parse_torch_device",

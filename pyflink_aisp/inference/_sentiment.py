@@ -19,13 +19,11 @@ from pyflink_aisp.inference._onnx import (
     normalize_providers,
     provider_device,
 )
+from pyflink_aisp.inference._probe import SWAP_PROBE_TEXTS, check_probe_outputs
 from pyflink_aisp.models import ModelAssets
 from pyflink_aisp.models._checksum import verify_sha256
 
 __all__ = ["SentimentHandler", "SentimentPrediction", "TokenizedTextsMixin"]
-
-#: The example a new model version must score before it is swapped in.
-_SWAP_CHECK_TEXT = "A gripping, beautifully acted film."
 
 #: ``(score, embedding)``: P(fresh) as a float and a ``(384,)`` float32 L2-normalised embedding.
 SentimentPrediction = tuple[float, npt.NDArray[np.float32]]
@@ -121,22 +119,24 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
         """Load another ONNX file of the model (hot swap): same tokenizer, inputs and outputs.
 
         The file is hashed against ``sha256``, opened on this handler's providers,
-        and run on one example: the scores must be finite probabilities and the
-        embedding ``(1, embedding_dim)``.
+        and scores the probe set :data:`~pyflink_aisp.inference.SWAP_PROBE_TEXTS`
+        in one batch: scores ``(n,)`` finite in [0, 1], embeddings
+        ``(n, embedding_dim)`` finite and L2-normalised, and not degenerate (not
+        one score, one label or one embedding for all probes); see
+        :func:`~pyflink_aisp.inference.check_probe_outputs`.
 
         Raises:
             ChecksumError: the file's sha256 is not ``sha256``.
-            ModelError: the file is missing, does not load, or fails the check.
+            ModelError: the file is missing, does not load, or fails the probe
+                (the message names the failed check).
         """
         verify_sha256(path, sha256)
         model = self._open_model(dataclasses.replace(self._assets, onnx_path=Path(path), sha256=sha256))
         try:
-            scores, embeddings = model.predict([_SWAP_CHECK_TEXT])
+            scores, embeddings = model.predict(list(SWAP_PROBE_TEXTS))
         except Exception as exc:  # ORT raises its own types for a graph with other inputs/outputs
             raise ModelError(f"model {path} does not run as a sentiment model: {exc}") from exc
-        if embeddings.shape != (1, self._assets.embedding_dim) or not 0.0 <= float(scores[0]) <= 1.0:
-            raise ModelError(f"model {path} returned score {scores!r} / embedding {embeddings.shape}; "
-                             f"expected a probability and (1, {self._assets.embedding_dim})")
+        check_probe_outputs(scores, embeddings, embedding_dim=self._assets.embedding_dim, source=str(path))
         return model
 
     # -- devices and providers (kept apart from the hot-swap code) --------------------

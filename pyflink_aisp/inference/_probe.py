@@ -1,0 +1,126 @@
+"""The probe set a new model version must pass before a hot swap.
+
+One sentence proves little: a model can score one short text and still return
+NaN on long inputs, the same score for everything, or broken embeddings. A
+handler's :meth:`~pyflink_aisp.inference.ModelHandler.load_version` therefore
+scores :data:`SWAP_PROBE_TEXTS` in one batch and hands the outputs to
+:func:`check_probe_outputs`, which refuses a version with a
+:class:`~pyflink_aisp.errors.ModelError` naming the failed check.
+
+What is checked is that the model is *sane*, not that it is as good as the
+serving one: a retrained version may legitimately move scores, and the
+handler is not given the serving model to compare with. The checks catch the
+broken kinds: wrong shapes, non-finite or out-of-range scores, non-finite or
+unnormalised embeddings, and a degenerate model (every probe the same score,
+the same label, or the same embedding) -- e.g. a head whose intercept
+saturates the sigmoid, or an encoder that ignores its input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from pyflink_aisp.errors import ModelError
+
+__all__ = ["SWAP_PROBE_TEXTS", "check_probe_outputs"]
+
+#: Short review sentences, 8 positive and 7 negative (written for this check, in the
+#: style of the Rotten Tomatoes snippets the model was trained on), plus the empty
+#: string; one is longer than 128 tokens, so the truncation path runs too
+#: (all-MiniLM-L6-v2's tokenizer: 2 to 128 tokens after truncation at 128).
+SWAP_PROBE_TEXTS: tuple[str, ...] = (
+    "",
+    "Wonderful!",
+    "Dull.",
+    "Not bad.",
+    "A gripping, beautifully acted film.",
+    "Tedious, overlong and badly written.",
+    "Funny and warm, with a terrific cast.",
+    "The plot makes no sense and the jokes fall flat.",
+    "One of the best films of the year.",
+    "I wanted my two hours back.",
+    "A moving, honest portrait of a family in trouble.",
+    "Lazy, cynical and completely forgettable.",
+    "Sharp writing and a lovely score carry it all the way.",
+    "Even the talented cast cannot save this mess of a script.",
+    "A clever, affectionate comedy that never talks down to its audience.",
+    "The pacing drags, the dialogue is stilted and the ending is a cheat. " * 8,
+)
+
+#: Largest accepted ``| ||embedding|| - 1 |`` for L2-normalised embeddings (float32 sums).
+_NORM_TOLERANCE = 1e-3
+#: Scores (or embedding entries) closer than this count as equal for the degeneracy checks.
+_EQUAL_TOLERANCE = 1e-6
+#: A score at or above this is the positive label.
+_LABEL_THRESHOLD = 0.5
+
+
+def check_probe_outputs(
+    scores: npt.ArrayLike,
+    embeddings: npt.ArrayLike,
+    *,
+    embedding_dim: int,
+    source: str,
+    texts: Sequence[str] = SWAP_PROBE_TEXTS,
+    normalized: bool = True,
+) -> None:
+    """Refuse a model version whose outputs on the probe texts are broken.
+
+    Args:
+        scores: ``(n,)`` probabilities, one per text of ``texts``, in order.
+        embeddings: ``(n, embedding_dim)`` embeddings, one row per text.
+        embedding_dim: The embedding size the serving model has.
+        source: What was probed (the model path), for the message.
+        texts: The texts scored (default :data:`SWAP_PROBE_TEXTS`); only their
+            count and, in messages, their first characters are used.
+        normalized: The embeddings must be L2-normalised (to within 1e-3).
+
+    Raises:
+        ModelError: ``"model <source> failed the swap probe (<check>): ..."``
+            where ``<check>`` is one of ``shape``, ``non-finite score``,
+            ``score outside [0, 1]``, ``non-finite embedding``,
+            ``embedding not L2-normalised``, ``constant score``, ``one label``,
+            ``identical embeddings``.
+    """
+    n = len(texts)
+    s = np.asarray(scores, dtype=np.float64)
+    e = np.asarray(embeddings, dtype=np.float64)
+    if s.shape != (n,) or e.shape != (n, embedding_dim):
+        _refuse(source, "shape", f"got scores {s.shape} and embeddings {e.shape}, "
+                f"expected ({n},) and ({n}, {embedding_dim}) for {n} probe texts")
+    _refuse_rows(source, "non-finite score", ~np.isfinite(s), s, texts)
+    _refuse_rows(source, "score outside [0, 1]", (s < 0.0) | (s > 1.0), s, texts)
+    _refuse_rows(source, "non-finite embedding", ~np.isfinite(e).all(axis=1), None, texts)
+    if normalized:
+        norms = np.linalg.norm(e, axis=1)
+        unnormalised = np.abs(norms - 1.0) > _NORM_TOLERANCE
+        _refuse_rows(source, "embedding not L2-normalised", unnormalised, norms, texts)
+    if n > 1 and float(s.max() - s.min()) <= _EQUAL_TOLERANCE:
+        _refuse(source, "constant score", f"every probe scored {s[0]:.6g}")
+    positive = int(np.count_nonzero(s >= _LABEL_THRESHOLD))
+    if n > 1 and positive in (0, n):
+        label = "positive" if positive else "negative"
+        _refuse(source, "one label", f"all {n} probes (positive and negative reviews) scored {label} "
+                f"(scores {s.min():.3g} to {s.max():.3g})")
+    if n > 1 and float(np.abs(e - e[0]).max()) <= _EQUAL_TOLERANCE:
+        _refuse(source, "identical embeddings", f"all {n} probes got the same embedding")
+
+
+def _refuse_rows(
+    source: str, check: str, bad: npt.NDArray[np.bool_], values: npt.NDArray[np.float64] | None,
+    texts: Sequence[str],
+) -> None:
+    """Refuse when any row is ``bad``, naming the first bad probe."""
+    rows = np.flatnonzero(bad)
+    if rows.size:
+        first = int(rows[0])
+        value = "" if values is None else f" ({values[first]:.6g})"
+        _refuse(source, check, f"{rows.size} of {len(texts)} probes, first probe {first}{value}: "
+                f"{texts[first][:40]!r}")
+
+
+def _refuse(source: str, check: str, detail: str) -> None:
+    raise ModelError(f"model {source} failed the swap probe ({check}): {detail}")
