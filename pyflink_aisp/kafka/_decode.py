@@ -4,11 +4,23 @@ A record value must be UTF-8 JSON holding an object with a string ``text``;
 ``id`` (string or integer) and ``label`` are optional. Anything else becomes a
 :class:`DeadLetter` carrying the reason, the Kafka coordinates and the raw bytes
 (base64), so nothing is lost and the job never restarts for one bad record.
+
+Edge cases of RFC 8259, decided:
+
+* a UTF-8 byte order mark before the JSON text is ignored (section 8.1 lets a
+  parser ignore it; Windows producers write it);
+* ``NaN``, ``Infinity`` and ``-Infinity`` are not JSON numbers (section 6):
+  ``invalid_json`` (Python's ``json`` would accept them), and so is a number
+  that overflows a double (``1e999``, which Python would read as infinity);
+* a name repeated within one object (section 4: names SHOULD be unique, and
+  parsers differ on which value wins): ``duplicate_key``, at any depth, rather
+  than silently scoring whichever ``text`` the parser kept.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +84,34 @@ class DeadLetter:
         return self.outcome().to_json()
 
 
+_BOM = "\ufeff"
+
+
+def _reject_constant(name: str) -> Any:
+    raise DecodeError(Reason.INVALID_JSON.value, f"{name} is not a JSON number (RFC 8259 section 6)")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        raise DecodeError(Reason.INVALID_JSON.value,
+                          f"number {text[:40]} overflows a double (IEEE 754 binary64)")
+    return number
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    for name, _ in pairs:
+        if name in seen:
+            raise DecodeError(Reason.DUPLICATE_KEY.value, f"name {name[:100]!r} appears more than once in "
+                              "an object (RFC 8259 section 4)")
+        seen.add(name)
+    raise AssertionError("unreachable: a shorter dict has a repeated name")
+
+
 def _parse(value: bytes | None) -> dict[str, Any]:
     """Bytes → JSON object, or :class:`DecodeError` with the reason."""
     if value is None:
@@ -82,8 +122,13 @@ def _parse(value: bytes | None) -> dict[str, Any]:
         raise DecodeError(
             Reason.INVALID_UTF8.value, f"byte {exc.start}: {exc.reason}"
         ) from exc
+    if decoded.startswith(_BOM):
+        decoded = decoded[1:]
     try:
-        obj = json.loads(decoded)
+        obj = json.loads(decoded, parse_constant=_reject_constant, parse_float=_finite_float,
+                         object_pairs_hook=_unique_object)
+    except DecodeError:
+        raise
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, int digit limit, deep nesting
         raise DecodeError(Reason.INVALID_JSON.value, f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, dict):

@@ -88,3 +88,56 @@ def test_a_str_value_becomes_a_decode_error_letter_not_an_exception():
     letter = decode_record("not bytes", "t", 0, 7)
     assert isinstance(letter, DeadLetter) and letter.reason is Reason.DECODE_ERROR
     assert letter.value == b"not bytes" and letter.source.offset == 7
+
+
+# -- RFC 8259 edge cases (issue 9.5): BOM accepted, non-JSON numbers and repeated names refused ----
+
+
+@pytest.mark.parametrize("value", [b'\xef\xbb\xbf{"id": "b1", "text": "a fine film"}',
+                                   '\ufeff{"id": "b1", "text": "a fine film"}'.encode("utf-8")])
+def test_a_utf8_byte_order_mark_before_the_object_is_ignored(value):
+    assert decode_review(value, SRC) == DecodedRecord(id="b1", text="a fine film")
+
+
+def test_only_one_byte_order_mark_is_ignored_and_a_bom_inside_the_text_is_kept():
+    twice = decode_review(b'\xef\xbb\xbf\xef\xbb\xbf{"text": "x"}', SRC)
+    assert isinstance(twice, DeadLetter) and twice.reason is Reason.INVALID_JSON
+    inside = decode_review('{"text": "\ufeffx"}'.encode(), SRC)
+    assert inside == DecodedRecord(id="reviews/2/41", text="\ufeffx")
+
+
+@pytest.mark.parametrize(("value", "detail"), [
+    (b'{"text": NaN}', "NaN is not a JSON number (RFC 8259 section 6)"),
+    (b'{"text": "x", "score": Infinity}', "Infinity is not a JSON number (RFC 8259 section 6)"),
+    (b'{"text": "x", "score": [-Infinity]}', "-Infinity is not a JSON number (RFC 8259 section 6)"),
+    (b'{"text": "x", "label": 1e999}', "number 1e999 overflows a double (IEEE 754 binary64)"),
+    (b'{"text": "x", "label": -2.5E+400}', "number -2.5E+400 overflows a double (IEEE 754 binary64)"),
+])
+def test_numbers_that_are_not_json_or_not_finite_are_invalid_json(value, detail):
+    out = decode_review(value, SRC)
+    assert isinstance(out, DeadLetter)
+    assert (out.reason, out.detail, out.value) == (Reason.INVALID_JSON, detail, value)
+
+
+def test_finite_floats_and_big_exponents_that_fit_still_decode():
+    out = decode_review(b'{"text": "x", "label": 1.5e308}', SRC)
+    assert out == DecodedRecord(id="reviews/2/41", text="x", label=1.5e308)
+
+
+@pytest.mark.parametrize(("value", "name"), [
+    (b'{"id": "d", "text": "first", "text": "second"}', "text"),
+    (b'{"id": "a", "id": "b", "text": "x"}', "id"),
+    (b'{"text": "x", "meta": {"k": 1, "k": 2}}', "k"),
+    (b'{"text": "x", "list": [{"a": 1}, {"a": 2, "a": 3}]}', "a"),
+])
+def test_a_name_repeated_in_any_object_is_a_duplicate_key(value, name):
+    out = decode_review(value, SRC)
+    assert isinstance(out, DeadLetter)
+    assert out.reason is Reason.DUPLICATE_KEY
+    assert out.detail == f"name {name!r} appears more than once in an object (RFC 8259 section 4)"
+    assert json.loads(out.to_json())["reason"] == "duplicate_key"
+
+
+def test_equal_names_in_different_objects_are_not_duplicates():
+    out = decode_review(b'{"text": "x", "a": {"text": 1}, "b": {"text": 2}}', SRC)
+    assert out == DecodedRecord(id="reviews/2/41", text="x")
