@@ -17,6 +17,7 @@ caller can catch one type. Errors carry the context a user needs to act
     ├── InferenceError         a record got no prediction (batcher closed, timed out)
     │   ├── InferenceTimeoutError  it waited longer than the operator's timeout
     │   └── CircuitOpenError       too many records fail inference: fail the job (restart)
+    ├── OversizedOutputError   a record's output is larger than the sink can write
     └── KafkaError             producing to / consuming from Kafka failed
 """
 
@@ -34,6 +35,7 @@ __all__ = [
     "InferenceTimeoutError",
     "KafkaError",
     "ModelError",
+    "OversizedOutputError",
     "ServiceError",
     "TokenizeError",
 ]
@@ -143,3 +145,20 @@ class CircuitOpenError(InferenceError):
 
 class KafkaError(AispError):
     """Producing to or consuming from Kafka failed (context in the message)."""
+
+
+class OversizedOutputError(AispError):
+    """A record's output (Kafka key + value) is larger than the sink can write
+    (the producer's ``max.request.size`` or the topic's ``max.message.bytes``);
+    the record goes to the DLQ with reason ``oversized_output``.
+
+    Attributes:
+        size_bytes: UTF-8 bytes of key + value.
+        limit_bytes: The most the sink takes for key + value.
+    """
+
+    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
+        super().__init__(f"output of {size_bytes} bytes (key + value) is over the sink's limit of "
+                         f"{limit_bytes} bytes (max.request.size / max.message.bytes less record overhead)")
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes

@@ -39,6 +39,12 @@ SET 'pipeline.global-job-parameters' = '{"aisp.batch.max-size": "64", "aisp.batc
 -- checks: results leave the Python worker when a bundle ends (50 ms without a latency target);
 -- the async function keeps at most 2 x 64 rows in flight (its default of 10 caps batches at 10);
 -- the pandas variant gets Arrow batches of up to 1024 rows, cut into model batches of 64.
+-- A record that fails the job every time (or a model the circuit breaker stops) must not restart it
+-- without end: at most 3 restarts within 5 minutes, 10 s apart.
+SET 'restart-strategy.type' = 'failure-rate';
+SET 'restart-strategy.failure-rate.max-failures-per-interval' = '3';
+SET 'restart-strategy.failure-rate.failure-rate-interval' = '300 s';
+SET 'restart-strategy.failure-rate.delay' = '10 s';
 SET 'python.fn-execution.bundle.time' = '50';
 SET 'python.fn-execution.bundle.size' = '1024';
 SET 'python.fn-execution.arrow.batch.size' = '1024';

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["Window", "register_window", "version_number"]
+__all__ = ["Window", "bind_breaker_metrics", "register_window", "version_number"]
 
 
 class Window:
@@ -86,3 +86,15 @@ def version_number(sha256: str) -> int:
         return int(sha256[:12], 16)
     except ValueError:
         return 0
+
+
+def bind_breaker_metrics(group: Any, breaker: Any) -> None:
+    """Gauges of a :class:`~pyflink_aisp.inference.FailureRateBreaker` (integers, as
+    PyFlink gauges are): ``inferenceFailurePermille`` (failures per 1000 outcomes in
+    the window), ``breakerWindowFailures``, ``breakerWindowRecords``, ``breakerOpen``
+    (0/1) and ``breakerTrips``."""
+    group.gauge("inferenceFailurePermille", lambda: round(breaker.failure_rate * 1000))
+    group.gauge("breakerWindowFailures", lambda: breaker.window_failures)
+    group.gauge("breakerWindowRecords", lambda: breaker.window_size)
+    group.gauge("breakerOpen", lambda: int(breaker.is_open))
+    group.gauge("breakerTrips", lambda: breaker.trips)

@@ -48,7 +48,7 @@ from pyflink_aisp.inference._metrics import Window, register_window, version_num
 from pyflink_aisp.inference._queue import BatchingConfig
 from pyflink_aisp.inference._swap import ModelPointer, ModelSwapConfig, read_pointer
 
-__all__ = ["Inferred", "ModelRuntime"]
+__all__ = ["Inferred", "ModelRuntime", "handler_key"]
 
 _log = logging.getLogger(__name__)
 
@@ -119,19 +119,28 @@ class ModelRuntime:
         batching: BatchingConfig,
         *,
         swap: ModelSwapConfig | None = None,
+        key: str | None = None,
     ) -> ModelRuntime:
         """The worker's runtime for this handler and configuration (created and the
         model loaded on first use); pair every call with :meth:`release`.
 
+        Args:
+            handler: The model's handler.
+            batching: The batcher's config.
+            swap: Hot-swap config; None: never swap.
+            key: The handler's :func:`handler_key`, computed where the handler was
+                built (None: computed here; enough for handlers the standard
+                pickle takes).
+
         Raises:
             ModelError: the model cannot be loaded.
         """
-        key = (_handler_key(handler), batching, swap)
+        entry = (key or handler_key(handler), batching, swap)
         with cls._registry_lock:
-            runtime = cls._registry.get(key)
+            runtime = cls._registry.get(entry)
             if runtime is None:
                 runtime = cls(handler, batching, swap)
-                cls._registry[key] = runtime
+                cls._registry[entry] = runtime
             runtime._refs += 1
             return runtime
 
@@ -332,7 +341,27 @@ def _outcome(future: Future[Inferred]) -> Inferred | BaseException:
     return error if error is not None else future.result()
 
 
-def _handler_key(handler: ModelHandler[Any, Any, Any]) -> str:
-    """Identity of a handler's configuration: the sha256 of its pickle (handlers are
-    pickled into the job graph anyway, so every operator's copy pickles the same)."""
-    return f"{type(handler).__qualname__}:{hashlib.sha256(pickle.dumps(handler)).hexdigest()}"
+def handler_key(handler: ModelHandler[Any, Any, Any]) -> str:
+    """Identity of a handler's configuration, for sharing one runtime among the
+    operators of a worker: the sha256 of its pickle.
+
+    The copies of one handler that several operators unpickle pickle alike with
+    the standard pickle. A handler it cannot serialize by reference (its class
+    is defined in the job script, ``__main__``, so it travels by value through
+    cloudpickle, as under ``flink run``; or it holds a lambda or a closure) is
+    keyed by its cloudpickle, which is stable for one object but not across
+    unpickled copies: operators therefore compute the key where the handler is
+    built (the job's client) and pass it to :meth:`ModelRuntime.acquire`. A
+    handler neither pickler takes is keyed by identity.
+    """
+    name = type(handler).__qualname__
+    try:
+        blob = pickle.dumps(handler)
+    except Exception:  # PicklingError, AttributeError, TypeError: not importable by reference
+        try:
+            import cloudpickle
+
+            blob = cloudpickle.dumps(handler)
+        except Exception:
+            return f"{name}:id:{id(handler)}"
+    return f"{name}:{hashlib.sha256(blob).hexdigest()}"

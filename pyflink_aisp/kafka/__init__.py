@@ -23,6 +23,7 @@ from pyflink_aisp.kafka._decode import (
     decode_review,
 )
 from pyflink_aisp.kafka._ingest import IngestResult, ingest_records
+from pyflink_aisp.kafka._limits import sink_record_limit, topic_max_message_bytes
 from pyflink_aisp.kafka._tables import (
     DeliveryGuarantee,
     KafkaSinkTable,
@@ -48,4 +49,6 @@ __all__ = [
     "ingest_records",
     "list_topics",
     "read_topic",
+    "sink_record_limit",
+    "topic_max_message_bytes",
 ]

@@ -131,6 +131,7 @@ class KafkaSinkTable:
             mode; in BATCH mode transactions commit when the input ends).
         transactional_id_prefix: Unique per job and sink; required for exactly-once.
         transaction_timeout_ms: Kafka producer ``transaction.timeout.ms``.
+        max_request_size: Kafka producer ``max.request.size`` in bytes (Kafka's default 1 MiB).
     """
 
     name: str
@@ -139,9 +140,12 @@ class KafkaSinkTable:
     transactional_id_prefix: str
     delivery_guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
     transaction_timeout_ms: int = 600_000
+    max_request_size: int = 1_048_576
 
     def __post_init__(self) -> None:
         _check(self.name, self.topic, self.bootstrap_servers)
+        if self.max_request_size < 1:
+            raise ConfigError(f"max_request_size must be >= 1 byte, got {self.max_request_size}")
         if self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
             if not self.transactional_id_prefix:
                 raise ConfigError("exactly-once needs a transactional_id_prefix")
@@ -163,6 +167,7 @@ class KafkaSinkTable:
             "value.fields-include": "EXCEPT_KEY",
             "sink.delivery-guarantee": self.delivery_guarantee.value,
             "properties.transaction.timeout.ms": str(self.transaction_timeout_ms),
+            "properties.max.request.size": str(self.max_request_size),
         }
         if self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
             options["sink.transactional-id-prefix"] = self.transactional_id_prefix

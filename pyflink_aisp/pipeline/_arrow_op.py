@@ -33,10 +33,27 @@ from typing import Any
 from pyflink.table import DataTypes
 from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
-from pyflink_aisp.inference import BatchingConfig, ModelHandler, ModelRuntime, ModelSwapConfig
-from pyflink_aisp.inference._metrics import Window, register_window
+from pyflink_aisp.errors import ConfigError, InferenceError, OversizedOutputError
+from pyflink_aisp.inference import (
+    BatchingConfig,
+    BreakerConfig,
+    FailureRateBreaker,
+    ModelHandler,
+    ModelRuntime,
+    ModelSwapConfig,
+)
+from pyflink_aisp.inference._metrics import Window, bind_breaker_metrics, register_window
+from pyflink_aisp.inference._runtime import handler_key
 from pyflink_aisp.kafka import DeadLetter, DecodedRecord, decode_record
-from pyflink_aisp.pipeline._outcome import DeadLettered, scored_json
+from pyflink_aisp.pipeline._outcome import (
+    DEFAULT_MAX_RECORD_BYTES,
+    MIN_RECORD_BYTES,
+    DeadLettered,
+    Reason,
+    reason_of,
+    render_dead_letter,
+    render_scored,
+)
 
 __all__ = ["SCORED_ROW_TYPE", "ArrowInferenceFunction", "arrow_inference_udf"]
 
@@ -57,19 +74,33 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         batching: Batch size, token budget, buckets, optional p99 target.
         swap: Hot-swap pointer to poll; None: never swap.
         with_embedding: Add the sentiment model's embedding to each output.
+        max_record_bytes: Most UTF-8 bytes of key + value a sink can write
+            (:func:`~pyflink_aisp.kafka.sink_record_limit`): a larger output
+            becomes an ``oversized_output`` dead letter; dead letters always fit.
+        breaker: Circuit breaker over inference failures (decode dead letters do
+            not count); None: never trips.
     """
 
     def __init__(self, handler: ModelHandler[Any, Any, Any], *, batching: BatchingConfig,
-                 swap: ModelSwapConfig | None = None, with_embedding: bool = False) -> None:
+                 swap: ModelSwapConfig | None = None, with_embedding: bool = False,
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 breaker: BreakerConfig | None = None) -> None:
+        if max_record_bytes < MIN_RECORD_BYTES:
+            raise ConfigError(f"max_record_bytes must be >= {MIN_RECORD_BYTES}, got {max_record_bytes}")
         self._handler = handler
+        self._handler_key = handler_key(handler)  # here, on the client: see handler_key
         self._batching = batching
         self._swap = swap
         self._with_embedding = with_embedding
+        self._max_record_bytes = max_record_bytes
+        self._breaker_config = breaker
+        self._breaker: FailureRateBreaker | None = None
         self._runtime: ModelRuntime | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_runtime"] = None
+        state["_breaker"] = None
         return state
 
     def open(self, function_context: FunctionContext) -> None:
@@ -78,7 +109,9 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         Raises:
             ModelError: The model cannot be loaded.
         """
-        self._runtime = ModelRuntime.acquire(self._handler, self._batching, swap=self._swap)
+        self._runtime = ModelRuntime.acquire(self._handler, self._batching, swap=self._swap,
+                                             key=self._handler_key)
+        self._breaker = None if self._breaker_config is None else FailureRateBreaker(self._breaker_config)
         self._counts = {"recordsIn": 0, "recordsOut": 0, "deadLetters": 0, "arrowBatches": 0}
         self._sizes, self._serde_us, self._e2e_us = Window(), Window(), Window()
         try:
@@ -91,13 +124,21 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
                              ("endToEndUs", self._e2e_us)):
             register_window(group, name, window)
         self._runtime.bind_metrics(group)
+        if self._breaker is not None:
+            bind_breaker_metrics(group, self._breaker)
 
     def _count_reader(self, name: str) -> Callable[[], int]:
         return lambda: self._counts[name]
 
     def eval(self, frame: Any) -> Any:
         """``(n, 4)`` DataFrame ``value, topic, partition, offset`` → ``(n, 3)``
-        DataFrame ``key, value, dead``, in input order; never raises for a record."""
+        DataFrame ``key, value, dead``, in input order; never raises for a record.
+
+        Raises:
+            CircuitOpenError: The circuit breaker tripped (too many inference
+                failures in its window): the job fails and Flink restarts it from
+                the last checkpoint, instead of dead-lettering the stream.
+        """
         import pandas as pd
 
         runtime = self._runtime
@@ -105,8 +146,10 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
             raise RuntimeError("ArrowInferenceFunction.eval called before open()")
         start = time.perf_counter()
         raw = frame.iloc[:, 0].tolist()
-        decoded = list(map(decode_record, raw, frame.iloc[:, 1].tolist(), frame.iloc[:, 2].tolist(),
-                           frame.iloc[:, 3].tolist()))
+        topics = frame.iloc[:, 1].tolist()
+        partitions = list(map(_coordinate, frame.iloc[:, 2].tolist()))
+        offsets = list(map(_coordinate, frame.iloc[:, 3].tolist()))
+        decoded = list(map(decode_record, raw, topics, partitions, offsets))
         good = [i for i, d in enumerate(decoded) if isinstance(d, DecodedRecord)]
         texts = [d.text for d in decoded if isinstance(d, DecodedRecord)]
         decoded_s = time.perf_counter()
@@ -115,23 +158,32 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         keys: list[str] = [""] * len(decoded)
         values: list[str] = [""] * len(decoded)
         dead = [True] * len(decoded)
+        limit = self._max_record_bytes
         for i, letter in enumerate(decoded):
             if isinstance(letter, DeadLetter):
-                keys[i], values[i] = letter.source.default_id(), letter.to_json()
+                keys[i], values[i] = render_dead_letter(letter.outcome(), limit)
+        failed, last_error = 0, None
         for i, outcome in zip(good, outcomes, strict=True):
             record = decoded[i]
             assert isinstance(record, DecodedRecord)
-            keys[i] = record.id
-            if isinstance(outcome, BaseException):
-                values[i] = DeadLettered.of_error(
-                    outcome, id=record.id, topic=frame.iat[i, 1], partition=int(frame.iat[i, 2]),
-                    offset=int(frame.iat[i, 3]), value=raw[i]).to_json()
-            else:
-                values[i] = scored_json(record.id, outcome.prediction, outcome.model_version,
-                                        with_embedding=self._with_embedding)
-                dead[i] = False
+            if not isinstance(outcome, BaseException):
+                try:
+                    keys[i] = record.id
+                    values[i] = render_scored(record.id, outcome.prediction, outcome.model_version,
+                                              with_embedding=self._with_embedding, max_record_bytes=limit)
+                    dead[i] = False
+                    continue
+                except (OversizedOutputError, InferenceError) as exc:
+                    outcome = exc
+            if reason_of(outcome) is Reason.INFERENCE_ERROR:
+                failed, last_error = failed + 1, outcome
+            failure = DeadLettered.of_error(outcome, id=record.id, topic=topics[i], partition=partitions[i],
+                                            offset=offsets[i], value=_raw_bytes(raw[i]))
+            keys[i], values[i] = render_dead_letter(failure, limit)
         end = time.perf_counter()
         self._record(len(decoded), len(decoded) - sum(dead), start, decoded_s, inferred_s, end)
+        if self._breaker is not None:
+            self._breaker.record_many(failed, len(good), last_error)
         return pd.DataFrame({"key": keys, "value": values, "dead": dead})
 
     def _record(self, n: int, scored: int, start: float, decoded: float, inferred: float, end: float) -> None:
@@ -148,6 +200,16 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         if self._runtime is not None:
             self._runtime.release()
             self._runtime = None
+
+
+def _coordinate(value: Any) -> int:
+    """A partition or offset as an int; -1 (Kafka's "unknown") when Flink passed a null
+    (pandas: NaN)."""
+    return -1 if value is None or value != value else int(value)
+
+
+def _raw_bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
 
 
 def arrow_inference_udf(function: ArrowInferenceFunction) -> Any:

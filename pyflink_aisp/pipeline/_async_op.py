@@ -22,8 +22,16 @@ from typing import Any, Generic, TypeVar
 from pyflink.datastream.functions import AsyncFunction, RuntimeContext
 
 from pyflink_aisp.errors import InferenceError, InferenceTimeoutError
-from pyflink_aisp.inference import BatchingConfig, ModelHandler, ModelRuntime, ModelSwapConfig
-from pyflink_aisp.inference._metrics import Window, register_window
+from pyflink_aisp.inference import (
+    BatchingConfig,
+    BreakerConfig,
+    FailureRateBreaker,
+    ModelHandler,
+    ModelRuntime,
+    ModelSwapConfig,
+)
+from pyflink_aisp.inference._metrics import Window, bind_breaker_metrics, register_window
+from pyflink_aisp.inference._runtime import handler_key
 
 __all__ = ["BatchedInferenceFunction"]
 
@@ -50,9 +58,20 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
             input is the record. Decoding here instead of in a separate Python
             operator saves one JVM↔Python hop and its serialization per record.
         swap: Where to look for new model versions (hot swap); None: never swap.
+        breaker: Circuit breaker over inference outcomes (a failed or timed-out
+            inference counts; a rejected ``prepare``/``extract`` or ``emit`` does
+            not); when it opens, ``async_invoke`` raises
+            :class:`~pyflink_aisp.errors.CircuitOpenError` and the job fails over.
+            None: never trips.
 
     Metrics: see :mod:`pyflink_aisp.inference._metrics` (group ``aisp``).
     """
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_runtime"] = None
+        state["_breaker"] = None
+        return state
 
     def __init__(
         self,
@@ -64,19 +83,25 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         dead_letter: Callable[[IN, BaseException], OUT] | None = None,
         swap: ModelSwapConfig | None = None,
         prepare: Callable[[IN], Any] | None = None,
+        breaker: BreakerConfig | None = None,
     ) -> None:
         self._handler = handler
+        self._handler_key = handler_key(handler)  # here, on the client: see handler_key
         self._batching = batching
         self._extract = extract
         self._emit = emit
         self._dead_letter = dead_letter
         self._swap = swap
         self._prepare = prepare
+        self._breaker_config = breaker
+        self._breaker: FailureRateBreaker | None = None
         self._runtime: ModelRuntime | None = None
         self._counts = {"recordsIn": 0, "recordsOut": 0, "deadLetters": 0}
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        self._runtime = ModelRuntime.acquire(self._handler, self._batching, swap=self._swap)
+        self._runtime = ModelRuntime.acquire(self._handler, self._batching, swap=self._swap,
+                                             key=self._handler_key)
+        self._breaker = None if self._breaker_config is None else FailureRateBreaker(self._breaker_config)
         self._counts = {"recordsIn": 0, "recordsOut": 0, "deadLetters": 0}
         self._serde_us, self._e2e_us = Window(), Window()
         group = runtime_context.get_metrics_group().add_group("aisp")
@@ -85,6 +110,8 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         register_window(group, "serializationUs", self._serde_us)
         register_window(group, "endToEndUs", self._e2e_us)
         self._runtime.bind_metrics(group)
+        if self._breaker is not None:
+            bind_breaker_metrics(group, self._breaker)
 
     def _count_reader(self, name: str) -> Callable[[], int]:
         return lambda: self._counts[name]
@@ -98,7 +125,19 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
             record = value if self._prepare is None else self._prepare(value)
             example = self._extract(record)
             serde = time.perf_counter() - start
+        except Exception as exc:
+            if self._dead_letter is None:
+                raise
+            return [self._dead(value, exc)]
+        try:
             inferred = await self._runtime.infer(example)
+        except Exception as exc:
+            self._judge(exc)
+            if self._dead_letter is None:
+                raise
+            return [self._dead(value, exc)]
+        self._judge(None)
+        try:
             emitted = time.perf_counter()
             out = self._emit(record, inferred.prediction, inferred.model_version)
         except Exception as exc:
@@ -114,10 +153,16 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
     def timeout(self, value: IN) -> list[OUT]:
         """A record waited longer than the operator's timeout: dead-letter it
         (reason ``inference_timeout``) when a dead-letter function is set."""
+        error = InferenceTimeoutError("the record waited longer than the async operator's timeout")
+        self._judge(error)
         if self._dead_letter is None:
             return super().timeout(value)
-        return [self._dead(value, InferenceTimeoutError("the record waited longer than the async "
-                                                        "operator's timeout"))]
+        return [self._dead(value, error)]
+
+    def _judge(self, error: BaseException | None) -> None:
+        """Count one inference outcome in the breaker (raises CircuitOpenError when it opens)."""
+        if self._breaker is not None:
+            self._breaker.record(error is not None, error)
 
     def _dead(self, value: IN, error: BaseException) -> OUT:
         assert self._dead_letter is not None

@@ -41,6 +41,7 @@ from pyflink_aisp.kafka import (
     create_topics,
     default_bootstrap_servers,
     list_topics,
+    sink_record_limit,
 )
 from pyflink_aisp.kafka.flink import UndecodableRecord, decode_row
 from pyflink_aisp.pipeline._arrow_op import ArrowInferenceFunction, arrow_inference_udf
@@ -49,7 +50,8 @@ from pyflink_aisp.pipeline._config import PipelineOptions, flink_settings
 from pyflink_aisp.pipeline._connector import connector_jars
 from pyflink_aisp.pipeline._handlers import handler_for
 from pyflink_aisp.pipeline._options import Runner
-from pyflink_aisp.pipeline._outcome import DeadLettered, scored_json
+from pyflink_aisp.pipeline._outcome import DeadLettered, render_dead_letter, render_scored
+from pyflink_aisp.pipeline._preflight import preflight
 
 __all__ = ["SCORED_TYPE", "build_pipeline", "make_environment"]
 
@@ -67,9 +69,12 @@ def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
     so the jars that ``flink run -py`` puts there (flink-python) stay.
 
     Raises:
-        ConfigError: No connector jar (see :func:`~pyflink_aisp.pipeline.connector_jars`).
+        ConfigError: No connector jar (see :func:`~pyflink_aisp.pipeline.connector_jars`),
+            or a pre-flight check failed (:func:`~pyflink_aisp.pipeline._preflight.preflight`:
+            jar, model path, Python executable), in one line.
     """
     jars = connector_jars(options.jars)
+    preflight(options, jars, sys.executable)
     conf = Configuration()
     for key, value in flink_settings(options).items():
         conf.set_string(key, value)
@@ -116,14 +121,20 @@ def build_pipeline(
     handler = handler or handler_for(options)
     if options.input_topic not in list_topics(servers):
         raise KafkaError(f"input topic {options.input_topic} does not exist on {servers}")
-    create_topics(servers, [options.output_topic, options.dlq])
-    scored = _scored_table(t_env, options, servers, handler)
+    for info in create_topics(servers, [options.output_topic, options.dlq]):
+        verb = "created" if info.created else "using"
+        print(f"{verb} topic {info.name} ({info.partitions} partitions, replication factor "
+              f"{info.replication_factor})", file=sys.stderr, flush=True)
+    limit = sink_record_limit(servers, [options.output_topic, options.dlq],
+                              max_request_size=options.max_request_size)
+    scored = _scored_table(t_env, options, servers, handler, limit)
     prefix = options.transactional_id_prefix or options.group
     statements = t_env.create_statement_set()
     for name, topic, kind, dead in (("scores_out", options.output_topic, "scores", False),
                                     ("dlq_out", options.dlq, "dlq", True)):
         sink = KafkaSinkTable(name=name, topic=topic, bootstrap_servers=servers,
-                              transactional_id_prefix=f"{prefix}-{kind}")
+                              transactional_id_prefix=f"{prefix}-{kind}",
+                              max_request_size=options.max_request_size)
         t_env.execute_sql(sink.ddl())
         rows = scored.where(col("dead") == lit(dead)).select(col("key"), col("value"))
         statements.add_insert(name, rows)
@@ -132,7 +143,7 @@ def build_pipeline(
 
 def _scored_table(
     t_env: StreamTableEnvironment, options: PipelineOptions, servers: str,
-    handler: ModelHandler[Any, Any, Any],
+    handler: ModelHandler[Any, Any, Any], max_record_bytes: int,
 ) -> Table:
     """Source → decode + inference: a table ``(key, value, dead)``."""
     startup = StartupMode(options.startup_mode) if options.startup_mode else _DEFAULT_STARTUP[options.mode]
@@ -142,11 +153,13 @@ def _scored_table(
     raw = t_env.from_path("records_in")
     if options.operator is Runner.ARROW:
         function = ArrowInferenceFunction(handler, batching=options.batching(), swap=options.swap(),
-                                          with_embedding=options.with_embedding)
+                                          with_embedding=options.with_embedding,
+                                          max_record_bytes=max_record_bytes, breaker=options.breaker())
         return raw.map(arrow_inference_udf(function)).alias("key", "value", "dead")
     scorer = BatchedInferenceFunction(
         handler, batching=options.batching(), prepare=decode_row, extract=_text,
-        emit=_async_output(options.with_embedding), dead_letter=_async_dead_letter, swap=options.swap())
+        emit=_async_output(options.with_embedding, max_record_bytes),
+        dead_letter=_async_dead_letter(max_record_bytes), swap=options.swap(), breaker=options.breaker())
     wait = AsyncDataStream.ordered_wait if options.ordered else AsyncDataStream.unordered_wait
     stream = wait(t_env.to_data_stream(raw), scorer, Time.seconds(options.timeout_s), options.capacity,
                   SCORED_TYPE).name("decode+tokenize+infer")
@@ -157,21 +170,26 @@ def _text(record: Row) -> str:
     return str(record[1])
 
 
-def _async_output(with_embedding: bool) -> Any:
+def _async_output(with_embedding: bool, max_record_bytes: int) -> Any:
     def emit(record: Row, prediction: Any, version: str) -> Row:
-        value = scored_json(record[0], prediction, version, with_embedding=with_embedding)
+        value = render_scored(record[0], prediction, version, with_embedding=with_embedding,
+                              max_record_bytes=max_record_bytes)
         return Row(key=record[0], value=value, dead=False)
 
     return emit
 
 
-def _async_dead_letter(raw: Row, error: BaseException) -> Row:
-    """A DLQ row for a raw Kafka row ``(value, topic, partition, offset)``: its decode
-    dead letter, or the dead letter of its failed or timed-out inference."""
-    if isinstance(error, UndecodableRecord):
-        return Row(key=error.letter.source.default_id(), value=error.letter.to_json(), dead=True)
-    record = decode_row(raw)  # it decoded before, or inference would not have run
-    value = None if raw[0] is None else bytes(raw[0])
-    letter = DeadLettered.of_error(error, id=record[0], topic=record[2], partition=record[3],
-                                   offset=record[4], value=value)
-    return Row(key=letter.key, value=letter.to_json(), dead=True)
+def _async_dead_letter(max_record_bytes: int) -> Any:
+    def dead_letter(raw: Row, error: BaseException) -> Row:
+        """A DLQ row for a raw Kafka row ``(value, topic, partition, offset)``: its decode
+        dead letter, or the dead letter of its failed, timed-out or oversized inference."""
+        if isinstance(error, UndecodableRecord):
+            key, value = render_dead_letter(error.letter.outcome(), max_record_bytes)
+            return Row(key=key, value=value, dead=True)
+        record = decode_row(raw)  # it decoded before, or inference would not have run
+        letter = DeadLettered.of_error(error, id=record[0], topic=record[2], partition=record[3],
+                                       offset=record[4], value=None if raw[0] is None else bytes(raw[0]))
+        key, value = render_dead_letter(letter, max_record_bytes)
+        return Row(key=key, value=value, dead=True)
+
+    return dead_letter

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference import BatchingConfig, ModelSwapConfig, Pooling
+from pyflink_aisp.inference import BatchingConfig, BreakerConfig, ModelSwapConfig, Pooling
 from pyflink_aisp.pipeline._options import (
     OPTIONS,
     Option,
@@ -66,6 +66,10 @@ class PipelineOptions:
     checkpoint_interval_ms: int = 5000
     parallelism: int = 1
     jars: str | None = None
+    max_request_size: int = 1_048_576
+    restart_attempts: int = 3
+    restart_interval_s: int = 300
+    restart_delay_s: int = 10
     with_embedding: bool = False
     operator: Runner = Runner.ARROW
     ordered: bool = False
@@ -77,6 +81,8 @@ class PipelineOptions:
     max_batch_tokens: int | None = None
     length_buckets: tuple[int, ...] = ()
     latency_slo_ms: float | None = None
+    max_failure_rate: float | None = 0.5
+    failure_window: int = 1000
     model_dir: Path | None = None
     model_pointer: Path | None = None
     model_poll_interval_s: float = 2.0
@@ -103,6 +109,9 @@ class PipelineOptions:
         if self.operator is Runner.ASYNC and self.capacity < self.max_batch_size:
             raise ConfigError(f"--capacity ({self.capacity}) must be >= --max-batch-size "
                               f"({self.max_batch_size}): records in flight cap the batch")
+        if self.max_failure_rate is not None and self.max_failure_rate > 1:
+            raise ConfigError(f"--max-failure-rate must be <= 1 (a share of the window), "
+                              f"got {self.max_failure_rate}")
         if (self.encoder_onnx is None) != (self.encoder_tokenizer is None):
             raise ConfigError("--encoder-onnx and --encoder-tokenizer go together")
 
@@ -122,6 +131,14 @@ class PipelineOptions:
         except ConfigError as exc:
             named = [o.flag for o in OPTIONS if o.name in str(exc)]
             raise ConfigError(f"{named[0]}: {exc}" if named else str(exc)) from exc
+
+    def breaker(self) -> BreakerConfig | None:
+        """The circuit breaker's config (None with ``--max-failure-rate none``): it
+        judges the window once a tenth of ``failure_window`` outcomes (at least 1) are in."""
+        if self.max_failure_rate is None:
+            return None
+        return BreakerConfig(max_failure_rate=self.max_failure_rate, window_records=self.failure_window,
+                             min_records=max(1, self.failure_window // 10))
 
     def swap(self) -> ModelSwapConfig | None:
         """Hot-swap config (None without ``--model-pointer``); the path is made absolute."""
@@ -260,13 +277,18 @@ def flink_settings(options: PipelineOptions) -> dict[str, str]:
       default of 10 capped it at 10 here); twice lets the next batch fill
       during compute; ``timeout`` 10 min (a slow model backpressures instead of
       failing the job); ``retry-strategy`` ``NO_RETRY`` (the function never raises
-      for a row).
+      for a row);
+    * ``restart-strategy.type`` ``failure-rate``: at most ``restart_attempts``
+      restarts within ``restart_interval_s``, ``restart_delay_s`` apart, then the
+      job stays FAILED (Flink's default with checkpoints restarts without end,
+      so a record that fails the job every time would be replayed forever);
+      ``none`` for ``restart_attempts`` = 0.
 
     Returns:
         Flink configuration key → value (``t_env.get_config().set`` or SQL ``SET``).
     """
     size = options.max_batch_size
-    return {
+    return {**_restart_settings(options),
         "python.fn-execution.bundle.time": str(options.effective_bundle_time_ms),
         "python.fn-execution.bundle.size": str(max(_FLINK_DEFAULT_BUNDLE_SIZE, options.arrow_batch_size,
                                                    8 * size)),
@@ -274,6 +296,19 @@ def flink_settings(options: PipelineOptions) -> dict[str, str]:
         "table.exec.async-scalar.max-concurrent-operations": str(2 * size),
         "table.exec.async-scalar.timeout": f"{_ASYNC_TIMEOUT_MS} ms",
         "table.exec.async-scalar.retry-strategy": "NO_RETRY",
+    }
+
+
+def _restart_settings(options: PipelineOptions) -> dict[str, str]:
+    """The failure-rate restart strategy of :func:`flink_settings` (Flink docs,
+    "Task Failure Recovery": ``restart-strategy.failure-rate.*``)."""
+    if options.restart_attempts == 0:
+        return {"restart-strategy.type": "none"}
+    return {
+        "restart-strategy.type": "failure-rate",
+        "restart-strategy.failure-rate.max-failures-per-interval": str(options.restart_attempts),
+        "restart-strategy.failure-rate.failure-rate-interval": f"{options.restart_interval_s} s",
+        "restart-strategy.failure-rate.delay": f"{options.restart_delay_s} s",
     }
 
 

@@ -193,6 +193,14 @@ OPTIONS: tuple[Option, ...] = (
     _o("parallelism", int, 1, "Parallelism of the job.", J, minimum=1),
     _o("jars", str, None, "pipeline.jars: ';'-separated file:// URLs of the Flink Kafka connector "
        "(default: $AISP_CONNECTOR_JARS, else the jar cache of `aisp local jars`).", J),
+    _o("max_request_size", int, 1_048_576, "Kafka producer max.request.size of the sinks; an output "
+       "that would not fit in it or in the topic's max.message.bytes (less 1 KiB of record overhead) "
+       "goes to the DLQ as oversized_output.", J, unit="bytes", minimum=32 * 1024),
+    _o("restart_attempts", int, 3, "Restart strategy failure-rate: most job failures within "
+       "--restart-interval-s before the job stays FAILED (0: no restart).", J, minimum=0),
+    _o("restart_interval_s", int, 300, "Restart strategy failure-rate: the window of --restart-attempts.",
+       J, unit="s", minimum=1),
+    _o("restart_delay_s", int, 10, "Restart strategy: wait before each restart.", J, unit="s", minimum=0),
     _o("with_embedding", bool, False, "Also write the 384-float embedding of each record.", J),
     _o("operator", Runner, Runner.ARROW, "arrow: Arrow batches through a vectorized map (throughput); "
        "async: one coroutine per record (low-rate streams, --ordered).", J),
@@ -215,6 +223,13 @@ OPTIONS: tuple[Option, ...] = (
     _o("latency_slo_ms", float, None, "p99 target of the inference operator; batch size and wait are "
        "then tuned online within their maxima.", B, unit="ms", job_param="aisp.latency-slo-ms",
        nullable=True, minimum=0.001),
+    _o("max_failure_rate", float, 0.5, "Circuit breaker: fail the job (Flink restarts it from the last "
+       "checkpoint) when this share of the last --failure-window inferences failed (none: never; decode "
+       "dead letters do not count).", M, job_param="aisp.breaker.max-failure-rate", nullable=True,
+       minimum=0.001),
+    _o("failure_window", int, 1000, "Circuit breaker: inference outcomes in the window (it trips only "
+       "once a tenth of them, at least 1, are in).", M, unit="records", job_param="aisp.breaker.window",
+       minimum=1),
     _o("model_dir", Path, None, "Built sentiment model assets (default: $AISP_MODEL_DIR, else the "
        "cached build).", M, job_param="aisp.model.dir", nullable=True),
     _o("model_pointer", Path, None, "Hot swap: JSON pointer {\"path\", \"sha256\"} polled by every "

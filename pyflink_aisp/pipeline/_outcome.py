@@ -7,11 +7,22 @@ JSON schema (:func:`dead_letter_json`)::
     {"reason", "detail", "id", "topic", "partition", "offset",
      "value_base64", "value_size_bytes", "value_truncated"}
 
-``id`` is null when the record did not decode far enough to have one; the raw
-value is kept (base64) up to :data:`MAX_DEAD_LETTER_VALUE_BYTES`, so a dead
-letter can be replayed after a fix and stays under the producer's default
-``max.request.size`` (1 MiB). The reason of an exception is read from its
-type (:func:`reason_of`), never from its message.
+``id`` is null when the record did not decode far enough to have one, and
+holds at most :data:`MAX_DEAD_LETTER_ID_CHARS` characters of a longer one (the
+dead letter's Kafka key is then ``topic/partition/offset``); the raw value is
+kept (base64) up to :data:`MAX_DEAD_LETTER_VALUE_BYTES`, and less when the
+sink's record limit needs it, so a dead letter can be replayed after a fix and
+is always writable. The reason of an exception is read from its type
+(:func:`reason_of`), never from its message.
+
+Record limit: a Kafka producer refuses a record larger than its
+``max.request.size`` (default 1 MiB) and the broker one larger than the topic's
+``max.message.bytes`` (``RecordTooLargeException``), and an exactly-once sink
+that cannot write a record fails the job, which then replays it forever.
+:func:`render_scored` and :func:`render_dead_letter` take the most key + value
+bytes the sink can write (``max_record_bytes``, see
+:func:`~pyflink_aisp.kafka.sink_record_limit`): an output over it becomes an
+``oversized_output`` dead letter, and a dead letter always fits.
 """
 
 from __future__ import annotations
@@ -24,14 +35,19 @@ from typing import Any
 
 import numpy as np
 
-from pyflink_aisp.errors import DecodeError, InferenceTimeoutError
+from pyflink_aisp.errors import DecodeError, InferenceError, InferenceTimeoutError, OversizedOutputError
 
 __all__ = [
+    "DEFAULT_MAX_RECORD_BYTES",
+    "MAX_DEAD_LETTER_ID_CHARS",
     "MAX_DEAD_LETTER_VALUE_BYTES",
+    "MIN_RECORD_BYTES",
     "DeadLettered",
     "Reason",
     "dead_letter_json",
     "reason_of",
+    "render_dead_letter",
+    "render_scored",
     "scored_json",
     "sentiment_label",
 ]
@@ -41,6 +57,16 @@ __all__ = [
 MAX_DEAD_LETTER_VALUE_BYTES = 256 * 1024
 #: Longest ``detail`` kept, in characters.
 MAX_DETAIL_CHARS = 1000
+#: Longest ``id`` a dead letter carries, in characters (ASCII-escaped JSON: at most
+#: 12 bytes per character, so at most 12 KiB).
+MAX_DEAD_LETTER_ID_CHARS = 1024
+#: Smallest record limit accepted: a dead letter without its raw value is at most
+#: about 19 KiB (id 12 KiB + detail 6 KiB, escaped), so 32 KiB always leaves room.
+MIN_RECORD_BYTES = 32 * 1024
+#: The record limit when the sink's is not known: the producer's default
+#: ``max.request.size`` (1 MiB) less 1 KiB of record overhead
+#: (:data:`pyflink_aisp.kafka.RECORD_OVERHEAD_BYTES`).
+DEFAULT_MAX_RECORD_BYTES = 1_048_576 - 1024
 
 
 class Reason(enum.StrEnum):
@@ -49,6 +75,7 @@ class Reason(enum.StrEnum):
     NULL_VALUE = "null_value"
     INVALID_UTF8 = "invalid_utf8"
     INVALID_JSON = "invalid_json"
+    DUPLICATE_KEY = "duplicate_key"
     NOT_AN_OBJECT = "not_an_object"
     MISSING_TEXT = "missing_text"
     TEXT_NOT_STRING = "text_not_string"
@@ -71,6 +98,8 @@ def reason_of(error: BaseException) -> Reason:
             return Reason.DECODE_ERROR
     if isinstance(error, InferenceTimeoutError):
         return Reason.INFERENCE_TIMEOUT
+    if isinstance(error, OversizedOutputError):
+        return Reason.OVERSIZED_OUTPUT
     return Reason.INFERENCE_ERROR
 
 
@@ -103,31 +132,88 @@ class DeadLettered:
 
     @property
     def key(self) -> str:
-        """Kafka key of the dead letter: the id, else ``topic/partition/offset``."""
-        return self.id if self.id is not None else f"{self.topic}/{self.partition}/{self.offset}"
+        """Kafka key of the dead letter: the id when it has at most
+        :data:`MAX_DEAD_LETTER_ID_CHARS` characters, else ``topic/partition/offset``."""
+        if self.id is not None and len(self.id) <= MAX_DEAD_LETTER_ID_CHARS:
+            return self.id
+        return f"{self.topic}/{self.partition}/{self.offset}"
 
-    def to_json(self) -> str:
+    def to_json(self, max_bytes: int | None = None) -> str:
         """The dead-letter value (see :func:`dead_letter_json`)."""
-        return dead_letter_json(self)
+        return dead_letter_json(self, max_bytes)
 
 
-def dead_letter_json(letter: DeadLettered) -> str:
-    """ASCII JSON of a dead letter, the schema of the module docstring; at most
-    :data:`MAX_DEAD_LETTER_VALUE_BYTES` of the raw value (base64) and
-    :data:`MAX_DETAIL_CHARS` of detail."""
+def dead_letter_json(letter: DeadLettered, max_bytes: int | None = None) -> str:
+    """ASCII JSON of a dead letter, the schema of the module docstring.
+
+    Args:
+        letter: The dead letter.
+        max_bytes: Most bytes of the JSON (None: no limit beyond the caps below).
+
+    Returns:
+        The JSON, with at most :data:`MAX_DETAIL_CHARS` of detail,
+        :data:`MAX_DEAD_LETTER_ID_CHARS` of id, and the longest prefix of the raw
+        value (base64) up to :data:`MAX_DEAD_LETTER_VALUE_BYTES` that keeps it
+        within ``max_bytes`` (``value_truncated`` says whether it was cut).
+    """
     value = letter.value
-    kept = None if value is None else value[:MAX_DEAD_LETTER_VALUE_BYTES]
-    return json.dumps({
+    doc: dict[str, Any] = {
         "reason": letter.reason.value,
         "detail": letter.detail[:MAX_DETAIL_CHARS],
-        "id": letter.id,
+        "id": None if letter.id is None else letter.id[:MAX_DEAD_LETTER_ID_CHARS],
         "topic": letter.topic,
         "partition": letter.partition,
         "offset": letter.offset,
-        "value_base64": None if kept is None else base64.b64encode(kept).decode("ascii"),
+        "value_base64": None,
         "value_size_bytes": None if value is None else len(value),
-        "value_truncated": value is not None and len(value) > MAX_DEAD_LETTER_VALUE_BYTES,
-    })
+        "value_truncated": False,
+    }
+    if value is None:
+        return json.dumps(doc)
+    keep = min(len(value), MAX_DEAD_LETTER_VALUE_BYTES)
+    if max_bytes is not None:
+        doc["value_base64"], doc["value_truncated"] = "", True  # the longest form of the rest
+        room = max_bytes - len(json.dumps(doc))
+        keep = max(0, min(keep, room // 4 * 3))  # base64: 4 characters per 3 bytes
+    doc["value_base64"] = base64.b64encode(value[:keep]).decode("ascii")
+    doc["value_truncated"] = keep < len(value)
+    return json.dumps(doc)
+
+
+def render_dead_letter(letter: DeadLettered, max_record_bytes: int) -> tuple[str, str]:
+    """``(key, value)`` of a dead letter whose UTF-8 key + value fit in ``max_record_bytes``
+    (>= :data:`MIN_RECORD_BYTES`; the raw value prefix shrinks to fit)."""
+    key = letter.key
+    return key, letter.to_json(max_record_bytes - len(key.encode("utf-8", "surrogatepass")))
+
+
+def render_scored(
+    record_id: str, prediction: Any, model_version: str, *, with_embedding: bool, max_record_bytes: int
+) -> str:
+    """The output value of a scored record (:func:`scored_json`), checked against the sink.
+
+    Args:
+        record_id: The record's id (also the Kafka key).
+        prediction: As for :func:`scored_json`.
+        model_version: sha256 of the model that scored it.
+        with_embedding: Add the sentiment model's embedding.
+        max_record_bytes: Most UTF-8 bytes of key + value the sink can write.
+
+    Raises:
+        OversizedOutputError: Key + value exceed ``max_record_bytes`` (reason
+            ``oversized_output``).
+        InferenceError: The prediction holds NaN or an infinity, which JSON cannot
+            carry (RFC 8259 section 6): a model failure, reason ``inference_error``.
+    """
+    try:
+        value = scored_json(record_id, prediction, model_version, with_embedding=with_embedding)
+    except ValueError as exc:
+        raise InferenceError(f"the model's output is not finite (NaN or infinity; not JSON, RFC 8259 "
+                             f"section 6): {exc}") from exc
+    size = len(record_id.encode("utf-8", "surrogatepass")) + len(value)  # the value is ASCII
+    if size > max_record_bytes:
+        raise OversizedOutputError(size, max_record_bytes)
+    return value
 
 
 def sentiment_label(score: float) -> str:
@@ -146,15 +232,19 @@ def scored_json(record_id: str, prediction: Any, model_version: str, *, with_emb
         with_embedding: Add the sentiment model's embedding.
 
     Returns:
-        ``{"id", "label", "score", "model_sha256"}`` (``"embedding"`` with
-        ``with_embedding``) for the sentiment model; ``{"id", "embedding",
+        ASCII JSON: ``{"id", "label", "score", "model_sha256"}`` (``"embedding"``
+        with ``with_embedding``) for the sentiment model; ``{"id", "embedding",
         "model_sha256"}`` for an encoder.
+
+    Raises:
+        ValueError: A score or embedding value is NaN or infinite (not JSON).
     """
     if isinstance(prediction, np.ndarray):
-        return json.dumps({"id": record_id, "embedding": prediction.tolist(), "model_sha256": model_version})
+        return json.dumps({"id": record_id, "embedding": prediction.tolist(), "model_sha256": model_version},
+                          allow_nan=False)
     score, embedding = prediction
     out: dict[str, Any] = {"id": record_id, "label": sentiment_label(score), "score": float(score),
                            "model_sha256": model_version}
     if with_embedding:
         out["embedding"] = np.asarray(embedding, dtype=np.float64).tolist()
-    return json.dumps(out)
+    return json.dumps(out, allow_nan=False)

@@ -170,3 +170,78 @@ def test_aisp_model_publish_writes_the_pointer(tmp_path, capsys):
     assert pointer.sha256 in capsys.readouterr().out
     assert main(["model", "publish", str(tmp_path / "ptr.json"), str(tmp_path / "missing.onnx")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+# -- handlers that came by value (issue 9.2: a handler class in the job script under `flink run`) ----
+
+
+def _by_value_handler_class():
+    """A handler class as a Flink worker sees one from the job script: defined in ``__main__``
+    (not importable there), with a lambda attribute; the standard pickle refuses it."""
+    class MainScriptHandler(ModelHandler[float, float, float]):
+        def __init__(self, factor: float):
+            self.factor = factor
+            self.transform = lambda x: x * factor
+            self.loads = 0
+
+        def load_model(self) -> float:
+            self.loads += 1
+            return self.factor
+
+        def run_inference(self, batch, model):
+            return [self.transform(x) for x in batch]
+
+    MainScriptHandler.__module__ = "__main__"
+    MainScriptHandler.__qualname__ = "MainScriptHandler"
+    return MainScriptHandler
+
+
+def test_a_handler_shipped_by_value_shares_one_runtime_per_worker():
+    import pickle
+
+    import cloudpickle
+
+    from pyflink_aisp.inference._runtime import handler_key
+
+    handler = _by_value_handler_class()(3.0)
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        pickle.dumps(handler)
+    key = handler_key(handler)  # on the client, where the operators are built
+    assert key == handler_key(handler) and key.startswith("MainScriptHandler:")
+    blob = cloudpickle.dumps((handler, key))  # what the job graph carries
+    (first, key1), (second, key2) = cloudpickle.loads(blob), cloudpickle.loads(blob)  # two operators
+    other_handler = _by_value_handler_class()(5.0)
+    other, other_key = cloudpickle.loads(cloudpickle.dumps((other_handler, handler_key(other_handler))))
+    assert other_key != key
+    config = BatchingConfig(max_batch_size=4, max_wait_ms=1.0)
+    a = ModelRuntime.acquire(first, config, key=key1)
+    b = ModelRuntime.acquire(second, config, key=key2)
+    c = ModelRuntime.acquire(other, config, key=other_key)
+    try:
+        assert a is b and a is not c
+        assert first.loads == 1 and second.loads == 0  # one model for both operators
+        assert [r.prediction for r in a.infer_batch([1.0, 2.0])] == [3.0, 6.0]
+        assert [r.prediction for r in c.infer_batch([1.0])] == [5.0]
+    finally:
+        for runtime in (a, b, c):
+            runtime.release()
+
+
+def test_a_handler_that_no_pickler_takes_gets_a_runtime_of_its_own():
+    import threading
+
+    handler_class = _by_value_handler_class()
+    unpicklable = handler_class(2.0)
+    unpicklable.lock = threading.Lock()  # neither pickle nor cloudpickle serialize a lock
+    twin = handler_class(2.0)
+    twin.lock = threading.Lock()
+    config = BatchingConfig(max_batch_size=4, max_wait_ms=1.0)
+    a = ModelRuntime.acquire(unpicklable, config)
+    again = ModelRuntime.acquire(unpicklable, config)
+    b = ModelRuntime.acquire(twin, config)
+    try:
+        assert a is again and a is not b
+        assert [r.prediction for r in a.infer_batch([4.0])] == [8.0]
+    finally:
+        for runtime in (a, again, b):
+            runtime.release()

@@ -112,7 +112,7 @@ def _non_default(tmp_path: Path) -> PipelineOptions:
         model_pointer=tmp_path / "p.json", model_poll_interval_s=3.0, intra_op_threads=4,
         encoder_onnx=tmp_path / "e.onnx", encoder_tokenizer=tmp_path / "tokenizer.json",
         encoder_output="last_hidden_state", encoder_pooling=Pooling.CLS, encoder_normalize=True,
-        stats_dir=tmp_path / "s", onnx_spin_wait=False,
+        stats_dir=tmp_path / "s", onnx_spin_wait=False, max_failure_rate=0.25, failure_window=40,
     )
 
 
@@ -138,6 +138,8 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.batch.max-tokens": "none",
         "aisp.batch.length-buckets": "none",
         "aisp.latency-slo-ms": "none",
+        "aisp.breaker.max-failure-rate": "0.5",
+        "aisp.breaker.window": "1000",
         "aisp.model.poll-interval-s": "2.0",
         "aisp.onnx.intra-op-threads": "0",
         "aisp.onnx.spin-wait": "none",
@@ -359,7 +361,34 @@ def test_flink_settings_without_a_latency_target() -> None:
         "table.exec.async-scalar.max-concurrent-operations": "64",
         "table.exec.async-scalar.timeout": "600000 ms",
         "table.exec.async-scalar.retry-strategy": "NO_RETRY",
+        "restart-strategy.type": "failure-rate",
+        "restart-strategy.failure-rate.max-failures-per-interval": "3",
+        "restart-strategy.failure-rate.failure-rate-interval": "300 s",
+        "restart-strategy.failure-rate.delay": "10 s",
     }
+
+
+def test_restart_strategy_is_bounded_and_none_for_zero_attempts() -> None:
+    settings = flink_settings(PipelineOptions(restart_attempts=5, restart_interval_s=60, restart_delay_s=0))
+    assert {k: v for k, v in settings.items() if k.startswith("restart-strategy")} == {
+        "restart-strategy.type": "failure-rate",
+        "restart-strategy.failure-rate.max-failures-per-interval": "5",
+        "restart-strategy.failure-rate.failure-rate-interval": "60 s",
+        "restart-strategy.failure-rate.delay": "0 s",
+    }
+    none = flink_settings(PipelineOptions(restart_attempts=0))
+    restart = {k: v for k, v in none.items() if k.startswith("restart-strategy")}
+    assert restart == {"restart-strategy.type": "none"}
+
+
+@pytest.mark.parametrize("flags", [["--max-failure-rate", "1.5"], ["--max-failure-rate", "0"],
+                                   ["--failure-window", "0"], ["--max-request-size", "1000"],
+                                   ["--restart-attempts", "-1"]])
+def test_breaker_sink_and_restart_flags_out_of_range_exit_2(flags: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        PipelineOptions.from_args(["--input-topic", "i", "--output-topic", "o", *flags])
+    assert exc.value.code == 2
+    assert flags[0] in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ def test_reason_values_are_the_dead_letter_reasons() -> None:
         "NULL_VALUE": "null_value",
         "INVALID_UTF8": "invalid_utf8",
         "INVALID_JSON": "invalid_json",
+        "DUPLICATE_KEY": "duplicate_key",
         "NOT_AN_OBJECT": "not_an_object",
         "MISSING_TEXT": "missing_text",
         "TEXT_NOT_STRING": "text_not_string",
@@ -136,3 +137,79 @@ def test_a_decode_error_with_a_reason_outside_the_enum_is_a_decode_error():
     from pyflink_aisp.pipeline import Reason, reason_of
 
     assert reason_of(DecodeError("schema_mismatch", "a decoder of its own")) is Reason.DECODE_ERROR
+
+
+# -- the sink's record limit (issue 9.1) ---------------------------------------------------
+
+
+def _size(key: str, value: str) -> int:
+    return len(key.encode("utf-8")) + len(value.encode("utf-8"))
+
+
+def test_render_scored_refuses_an_output_over_the_limit_by_its_utf8_size() -> None:
+    from pyflink_aisp.errors import OversizedOutputError
+    from pyflink_aisp.pipeline._outcome import render_scored
+
+    record_id = "中" * 117_000  # the issue's input: 351 KB as a key, 702 KB escaped in the value
+    value = scored_json(record_id, (0.75, np.zeros(3, np.float32)), SHA, with_embedding=False)
+    size = _size(record_id, value)
+    assert size == 3 * 117_000 + len(value) and size > 1_048_576
+    with pytest.raises(OversizedOutputError) as exc:
+        render_scored(record_id, (0.75, np.zeros(3, np.float32)), SHA, with_embedding=False,
+                      max_record_bytes=1_048_576 - 1024)
+    assert (exc.value.size_bytes, exc.value.limit_bytes) == (size, 1_048_576 - 1024)
+    assert reason_of(exc.value) is Reason.OVERSIZED_OUTPUT
+    # exactly at the limit it is written; one byte less and it is not
+    small = render_scored("r1", (0.75, np.zeros(3, np.float32)), SHA, with_embedding=False,
+                          max_record_bytes=_size("r1", value_of_r1 := scored_json(
+                              "r1", (0.75, np.zeros(3, np.float32)), SHA, with_embedding=False)))
+    assert small == value_of_r1
+    with pytest.raises(OversizedOutputError):
+        render_scored("r1", (0.75, np.zeros(3, np.float32)), SHA, with_embedding=False,
+                      max_record_bytes=_size("r1", value_of_r1) - 1)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_render_scored_refuses_a_score_or_vector_that_is_not_finite(bad: float) -> None:
+    from pyflink_aisp.errors import InferenceError
+    from pyflink_aisp.pipeline._outcome import render_scored
+
+    for prediction in ((bad, np.zeros(3, np.float32)), np.array([0.5, bad], dtype=np.float32)):
+        with pytest.raises(InferenceError, match="not finite"):
+            render_scored("r1", prediction, SHA, with_embedding=False, max_record_bytes=1 << 20)
+    with pytest.raises(InferenceError, match="not finite"):
+        render_scored("r1", (0.5, np.array([bad], np.float32)), SHA, with_embedding=True,
+                      max_record_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("limit", [32 * 1024, 100_000, 1_048_576 - 1024])
+@pytest.mark.parametrize("id_chars", [0, 10, 1024, 1025, 117_000])
+def test_a_dead_letter_always_fits_the_limit_and_keeps_the_longest_value_prefix(
+    limit: int, id_chars: int
+) -> None:
+    from pyflink_aisp.pipeline._outcome import MAX_DEAD_LETTER_ID_CHARS, render_dead_letter
+
+    record_id = "😀" * id_chars if id_chars else None
+    value = ("x" * 900_000).encode()
+    letter = DeadLettered(reason=Reason.OVERSIZED_OUTPUT, detail="é" * 5000, id=record_id, topic="in",
+                          partition=3, offset=99, value=value)
+    key, text = render_dead_letter(letter, limit)
+    assert _size(key, text) <= limit
+    out = json.loads(text)
+    kept = base64.b64decode(out["value_base64"])
+    assert kept == value[:len(kept)] and out["value_truncated"] is True and out["value_size_bytes"] == 900_000
+    # the longest prefix: 3 more bytes (4 base64 characters) would not fit, or the 256 KiB cap is reached
+    assert len(kept) == MAX_DEAD_LETTER_VALUE_BYTES or _size(key, text) + 4 > limit
+    if record_id is None or id_chars > MAX_DEAD_LETTER_ID_CHARS:
+        assert key == "in/3/99"
+    else:
+        assert key == record_id
+    assert out["id"] == (None if record_id is None else record_id[:MAX_DEAD_LETTER_ID_CHARS])
+
+
+def test_a_small_dead_letter_is_unchanged_by_the_limit() -> None:
+    from pyflink_aisp.pipeline._outcome import render_dead_letter
+
+    letter = DeadLettered(reason=Reason.INVALID_JSON, detail="x", topic="t", partition=0, offset=1,
+                          value=b"{")
+    assert render_dead_letter(letter, 32 * 1024) == ("t/0/1", letter.to_json())

@@ -1,0 +1,123 @@
+"""Pre-flight of a job's environment: one line naming the problem and its fix, before Flink starts.
+
+Without it a missing connector jar surfaces as a 100-line Py4J trace ending
+in ``ValidationException: Unable to create a source ... 'connector'='kafka'``,
+a missing model directory or Python executable only when a TaskManager opens
+the operator. :func:`preflight` checks, on the client:
+
+* every ``pipeline.jars`` entry of the job is a readable jar file (``file://``
+  URLs; other schemes are the cluster's to fetch), and one of them provides
+  the Flink Kafka table factory (``KafkaDynamicTableFactory`` in
+  ``META-INF/services/org.apache.flink.table.factories.Factory``, the Java
+  ``ServiceLoader`` file Flink's ``FactoryUtil`` reads);
+* the model files the options name are readable files / directories;
+* the workers' Python executable exists and is executable. A bare name is
+  looked up on this host's ``PATH``; on a remote cluster the TaskManagers must
+  have the same path (this host is all the client can check).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import zipfile
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.pipeline._config import PipelineOptions
+
+__all__ = ["KAFKA_FACTORY", "check_connector_jars", "check_model_paths", "check_python", "preflight"]
+
+#: The table factory of ``'connector' = 'kafka'`` in flink-sql-connector-kafka (4.x, 5.x).
+KAFKA_FACTORY = "org.apache.flink.streaming.connectors.kafka.table.KafkaDynamicTableFactory"
+_SERVICES = "META-INF/services/org.apache.flink.table.factories.Factory"
+_FIX_JARS = ("pass --jars file:///path/flink-sql-connector-kafka-5.0.0-2.2.jar (Maven Central: "
+             "org.apache.flink:flink-sql-connector-kafka:5.0.0-2.2) or fill the dev cache with "
+             "`aisp local jars`")
+
+
+def _local_path(url: str) -> Path | None:
+    parsed = urlparse(url)
+    if parsed.scheme in ("", "file"):
+        return Path(unquote(parsed.path))
+    return None  # http(s)://, s3://...: fetched by the cluster
+
+
+def check_connector_jars(urls: list[str]) -> None:
+    """Every local jar exists and is a jar; one provides :data:`KAFKA_FACTORY`.
+
+    Raises:
+        ConfigError: One line: which jar, what is wrong, how to fix it.
+    """
+    remote = False
+    for url in urls:
+        path = _local_path(url)
+        if path is None:
+            remote = True
+            continue
+        if not path.is_file():
+            raise ConfigError(f"connector jar {path} does not exist: {_FIX_JARS}")
+        if not os.access(path, os.R_OK):
+            raise ConfigError(f"connector jar {path} is not readable by user {os.getuid()}: "
+                              "fix its permissions")
+        try:
+            with zipfile.ZipFile(path) as jar:
+                services = jar.read(_SERVICES).decode("utf-8") if _SERVICES in jar.namelist() else ""
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise ConfigError(f"connector jar {path} is not a jar ({exc}): {_FIX_JARS}") from exc
+        if KAFKA_FACTORY in services.split():
+            return
+    if not remote:
+        names = ", ".join(urls) or "none"
+        raise ConfigError(f"no jar of --jars ({names}) provides the Flink Kafka connector "
+                          f"({KAFKA_FACTORY}): {_FIX_JARS}")
+
+
+def check_model_paths(options: PipelineOptions) -> None:
+    """The model directory, encoder files and hot-swap pointer directory the options name
+    are there and readable (the model build itself is checked when it loads).
+
+    Raises:
+        ConfigError: One line naming the path and the option.
+    """
+    directory = options.resolved_model_dir
+    if directory is not None:
+        if not directory.is_dir():
+            raise ConfigError(f"--model-dir {directory} is not a directory: build one with "
+                              "`aisp model build --out DIR` or leave it unset for the cached build")
+        if not os.access(directory, os.R_OK | os.X_OK):
+            raise ConfigError(f"--model-dir {directory} is not readable by user {os.getuid()}")
+    encoder = (("--encoder-onnx", options.encoder_onnx), ("--encoder-tokenizer", options.encoder_tokenizer))
+    for flag, path in encoder:
+        if path is not None and not (path.is_file() and os.access(path, os.R_OK)):
+            raise ConfigError(f"{flag} {path} is not a readable file")
+    pointer = options.model_pointer
+    if pointer is not None and not pointer.resolve().parent.is_dir():
+        raise ConfigError(f"--model-pointer {pointer}: its directory does not exist (publish with "
+                          "`aisp model publish POINTER MODEL`)")
+
+
+def check_python(executable: str) -> str:
+    """The workers' Python executable as an absolute path.
+
+    Raises:
+        ConfigError: Not found on ``PATH`` or not executable.
+    """
+    found = shutil.which(executable)
+    if found is None:
+        where = "does not exist" if os.sep in executable else "is not on PATH"
+        raise ConfigError(f"the workers' Python executable {executable} {where}: run the job with the "
+                          "project's Python (e.g. .venv/bin/python, or `flink run -pyexec /abs/python`)")
+    return found
+
+
+def preflight(options: PipelineOptions, jars: list[str], python: str) -> None:
+    """All checks of the module docstring, cheapest first.
+
+    Raises:
+        ConfigError: The first problem found, in one line.
+    """
+    check_python(python)
+    check_model_paths(options)
+    check_connector_jars(jars)
