@@ -13,12 +13,44 @@ Ids equal those of ``transformers.AutoTokenizer`` for the same file with
 ``truncation=True, max_length=..., stride=..., return_overflowing_tokens=...,
 add_special_tokens=...`` (checked on all 12,808 Rotten Tomatoes reviews for a
 WordPiece and a byte-level BPE tokenizer in the tests).
+
+Long texts (``max_length`` set, ``return_overflowing`` off): no call tokenizes
+more than ``max_length * MAX_CHARS_PER_TOKEN + 256`` characters of a text, so
+a record costs a bounded prefix of its text however long the text is (at
+``max_length=128`` a 9 MB text costs no more than a 33 KB one). A text longer
+than the precut budget ``max_length * PRECUT_CHARS_PER_TOKEN + 256`` is first
+cut there; if that prefix holds fewer than ``max_length`` tokens the text is
+tokenized again, whole when it fits the hard bound, else cut at the hard
+bound. A cut goes at the start of the last whitespace run (beginning with a
+space) in the second half before the bound, else at the bound itself.
+
+The ids are exactly HF's (the first ``max_length`` tokens of the whole text)
+when the text is not cut, or is cut at a whitespace run by a
+whitespace-splitting pre-tokenizer (:attr:`TokenizerSpec.splits_on_whitespace`)
+and the prefix holds more than ``max_length`` tokens: no token spans such a
+cut. Otherwise they are the prefix's first tokens: a cut inside a word (no
+space near the bound: CJK without spaces, one huge "word"), or any cut with a
+pre-tokenizer that does not split on whitespace, changes in practice only the
+tokens near the cut, so they differ from HF's only if one pre-token runs from
+among the kept tokens to the cut (e.g. a byte-level BPE "word" of thousands
+of letters; the BERT normalizer splits CJK per character, so there CJK stays
+exact). A text cut at the hard bound is flagged ``truncated`` (content was
+dropped) even when its prefix gave fewer than ``max_length`` tokens; those
+ids can be fewer than HF's, which read the whole text (e.g. a text that
+starts with 40,000 spaces).
+
+With ``return_overflowing`` the caller asked for every window of the whole
+text: :meth:`ArrowTokenizer.encode` cuts nothing and its cost grows with the
+text (:meth:`ArrowTokenizer.count_tokens` stays bounded: it needs only the
+first window). Without ``max_length`` nothing is truncated and whole texts are
+tokenized.
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,10 +69,25 @@ from pyflink_aisp.tokenize._spec import TokenizerSpec, inspect_tokenizer
 
 __all__ = ["ArrowTokenizer"]
 
-#: Characters of a long text tokenized before truncation, per token of
-#: ``max_length`` (English averages 4-5 characters per WordPiece/BPE token);
-#: when a prefix this long yields too few tokens the whole text is tokenized.
+#: Characters of a long text tokenized first, per token of ``max_length``
+#: (English averages 4-5 characters per WordPiece/BPE token, CJK about one):
+#: the prefix almost always holds ``max_length`` tokens, for a few ms at 128.
 PRECUT_CHARS_PER_TOKEN = 32
+
+#: The hard bound: no call tokenizes more than ``max_length *
+#: MAX_CHARS_PER_TOKEN + 256`` characters of a text (33,024 at 128 tokens)
+#: when truncating without overflow windows. 8x the precut budget, for texts
+#: whose first part is sparse in tokens: runs of whitespace or markup, words
+#: WordPiece turns into one ``[UNK]`` (over 100 characters: URLs, base64).
+#: Cost measured on this machine at ``max_length=128`` (one core, Rust
+#: ``encode_batch_fast``): 4-6 ms for 33 KB of English or of one long word,
+#: 12 ms for byte-level BPE on 33 KB of CJK, 29 ms for WordPiece on 33 KB of
+#: CJK (CJK text normally stops at the precut budget: 3 ms); a higher bound
+#: buys fidelity only for texts averaging over 256 characters per token.
+MAX_CHARS_PER_TOKEN = 256
+
+#: In a reversed text: a space whose left neighbour is not whitespace.
+_SPACE_AFTER_WORD_REVERSED = re.compile(r" (?=\S)")
 
 _IDS = operator.attrgetter("ids")
 _TYPE_IDS = operator.attrgetter("type_ids")
@@ -155,12 +202,20 @@ class ArrowTokenizer:
     def count_tokens(self, text: str) -> int:
         """Token count of one text after truncation, special tokens included (for batching).
 
+        The length of the row :meth:`encode` gives for ``text`` (the first
+        window with ``return_overflowing``), through the same bounded path: with
+        ``max_length`` set at most ``max_length * MAX_CHARS_PER_TOKEN + 256``
+        characters are tokenized, with or without overflow windows (see the
+        module docstring for when the count is exactly HF's). Without
+        ``max_length`` the whole text is counted.
+
         Raises:
-            TokenizeError: ``text`` is not a ``str``.
+            TokenizeError: ``text`` is not a ``str``, or the tokenizer failed.
         """
         if not isinstance(text, str):
             raise TokenizeError(f"expected str, got {type(text).__name__}")
-        return len(self._tokenizer.encode(text, add_special_tokens=self.config.add_special_tokens).ids)
+        encodings, _ = self._run([text], whole=False)
+        return len(encodings[0].ids)
 
     def encode(self, texts: TextInput) -> TokenizedBatch:
         """Tokenize a column into ragged Arrow ``list<int32>`` columns.
@@ -172,7 +227,10 @@ class ArrowTokenizer:
 
         Returns:
             The :class:`TokenizedBatch`; an empty string gives only the special
-            tokens.
+            tokens. With ``max_length`` and no overflow windows at most
+            ``max_length * MAX_CHARS_PER_TOKEN + 256`` characters of a text
+            are tokenized; a text cut at that bound is flagged ``truncated``
+            (module docstring: when the ids are exactly HF's).
 
         Raises:
             TokenizeError: A non-text column or element, invalid UTF-8 (with
@@ -180,9 +238,9 @@ class ArrowTokenizer:
                 or a failure inside the tokenizer.
         """
         column = to_text_column(texts, self.config.invalid_text)
-        encodings = self._run(column.texts)
+        encodings, hard_cut = self._run(column.texts)
         windows, counts = self._windows(encodings)
-        return self._assemble(column, windows, counts)
+        return self._assemble(column, windows, counts, hard_cut)
 
     def pad(self, batch: TokenizedBatch, rows: npt.NDArray[np.integer] | None = None) -> PaddedBatch:
         """Padded ``(batch, seq_len)`` arrays from this tokenizer's pool.
@@ -222,51 +280,52 @@ class ArrowTokenizer:
             pool=self.pool,
         )
 
-    def _run(self, texts: list[str]) -> list[HFEncoding]:
-        """Encode, tokenizing only a prefix of very long texts when that is exact."""
-        cut = self._precut(texts)
-        try:
-            encodings = list(
-                self._encode_batch(
-                    texts if cut is None else cut, add_special_tokens=self.config.add_special_tokens
-                )
-            )
-            if cut is not None:
-                self._redo_short_cuts(texts, cut, encodings)
-        except Exception as exc:  # tokenizers raises plain Exception subclasses
-            raise TokenizeError(f"tokenizer {self.source} failed: {exc}") from exc
-        return encodings
+    def _run(self, texts: list[str], *, whole: bool | None = None) -> tuple[list[HFEncoding], list[int]]:
+        """Encodings of ``texts``, and the positions of the texts cut at the hard bound.
 
-    def _precut(self, texts: list[str]) -> list[str] | None:
-        """Texts with very long ones cut before a space (None when nothing is cut).
-
-        Exact for whitespace-splitting pre-tokenizers: no token spans the cut,
-        so the prefix's tokens are the whole text's first tokens.
+        Args:
+            texts: Valid texts.
+            whole: Tokenize whole texts; default: only with ``return_overflowing``
+                (every window of the text was asked for). Ignored without
+                ``max_length`` (nothing to truncate: whole texts).
         """
         limit = self.config.max_length
-        if limit is None or self.config.return_overflowing or not self.spec.splits_on_whitespace:
-            return None
-        budget = limit * PRECUT_CHARS_PER_TOKEN + 256
-        long_rows = [i for i, t in enumerate(texts) if len(t) > budget]
-        if not long_rows:
-            return None
-        cut = list(texts)
-        for i in long_rows:
-            point = _cut_point(texts[i], budget)
-            if point is not None:
-                cut[i] = texts[i][:point]
-        return cut
+        try:
+            if limit is None or (self.config.return_overflowing if whole is None else whole):
+                return self._encode_all(texts), []
+            return self._encode_bounded(texts, limit)
+        except Exception as exc:  # tokenizers raises plain Exception subclasses
+            raise TokenizeError(f"tokenizer {self.source} failed: {exc}") from exc
 
-    def _redo_short_cuts(self, texts: list[str], cut: list[str], encodings: list[HFEncoding]) -> None:
-        """Tokenize whole texts whose prefix did not reach ``max_length`` tokens."""
-        pairs = enumerate(zip(texts, cut, strict=True))
-        redo = [i for i, (whole, part) in pairs if whole is not part and not encodings[i].overflowing]
-        if redo:
-            full = self._encode_batch(
-                [texts[i] for i in redo], add_special_tokens=self.config.add_special_tokens
-            )
-            for i, encoding in zip(redo, full, strict=True):
-                encodings[i] = encoding
+    def _encode_all(self, texts: list[str]) -> list[HFEncoding]:
+        return list(self._encode_batch(texts, add_special_tokens=self.config.add_special_tokens))
+
+    def _encode_bounded(self, texts: list[str], limit: int) -> tuple[list[HFEncoding], list[int]]:
+        """Cut at the precut budget; texts whose prefix fell short again, up to the hard bound.
+
+        Returns:
+            The encodings, and the positions of the texts cut at the hard bound.
+        """
+        cut = _cut_long(texts, limit * PRECUT_CHARS_PER_TOKEN + 256)
+        encodings = self._encode_all(cut)
+        if cut is texts:
+            return encodings, []
+        # A prefix that overflowed holds more than ``limit`` tokens: its first ones are kept.
+        short = [
+            i
+            for i, (whole, part) in enumerate(zip(texts, cut, strict=True))
+            if whole is not part and not encodings[i].overflowing
+        ]
+        if not short:
+            return encodings, []
+        again = [texts[i] for i in short]
+        bounded = _cut_long(again, limit * MAX_CHARS_PER_TOKEN + 256)
+        for i, encoding in zip(short, self._encode_all(bounded), strict=True):
+            encodings[i] = encoding
+        if bounded is again:
+            return encodings, []
+        pairs = zip(short, again, bounded, strict=True)
+        return encodings, [i for i, whole, part in pairs if whole is not part]
 
     def _windows(self, encodings: list[HFEncoding]) -> tuple[list[HFEncoding], npt.NDArray[np.int64]]:
         """Output encodings and the number of windows per valid row."""
@@ -287,12 +346,17 @@ class ArrowTokenizer:
         windows: list[HFEncoding],
         counts: npt.NDArray[np.int64],
         lengths: npt.NDArray[np.int64],
+        hard_cut: list[int],
     ) -> npt.NDArray[np.bool_]:
-        """Per input row: had more than ``max_length`` tokens."""
+        """Per input row: had more than ``max_length`` tokens, or was cut at the hard bound.
+
+        ``hard_cut``: positions among the valid texts (one window each: no overflow).
+        """
         flags = np.zeros(column.num_rows, dtype=np.bool_)
         limit = self.config.max_length
         if limit is None:
             return flags
+        flags[column.rows[hard_cut]] = True
         if self.config.return_overflowing:
             flags[column.rows] = counts > 1
             return flags
@@ -301,7 +365,11 @@ class ArrowTokenizer:
         return flags
 
     def _assemble(
-        self, column: TextColumn, windows: list[HFEncoding], counts: npt.NDArray[np.int64]
+        self,
+        column: TextColumn,
+        windows: list[HFEncoding],
+        counts: npt.NDArray[np.int64],
+        hard_cut: list[int],
     ) -> TokenizedBatch:
         lengths = np.fromiter(map(len, windows), dtype=np.int64, count=len(windows))
         total = int(lengths.sum())
@@ -324,7 +392,7 @@ class ArrowTokenizer:
             attention_mask=column_of(np.ones(total, dtype=np.int32)),
             token_type_ids=column_of(flat_types),
             source_rows=source_rows,
-            truncated=self._truncated(column, windows, counts, lengths),
+            truncated=self._truncated(column, windows, counts, lengths, hard_cut),
             invalid_rows=column.invalid_rows,
             type_id_constant=constant,
         )
@@ -344,14 +412,30 @@ def _configured_copy(tokenizer: Tokenizer, config: TokenizerConfig) -> Tokenizer
     return copy
 
 
-def _cut_point(text: str, budget: int) -> int | None:
-    """The start of the last space run before ``budget`` that follows a non-space character."""
-    point = text.rfind(" ", 0, budget)
-    while point > 0:
-        if not text[point - 1].isspace():
-            return point
-        point = text.rfind(" ", 0, point)
-    return None
+def _cut_long(texts: list[str], bound: int) -> list[str]:
+    """``texts`` with those longer than ``bound`` cut (``texts`` itself when none is)."""
+    long_rows = [i for i, t in enumerate(texts) if len(t) > bound]
+    if not long_rows:
+        return texts
+    cut = list(texts)
+    for i in long_rows:
+        cut[i] = texts[i][: _cut_point(texts[i], bound)]
+    return cut
+
+
+def _cut_point(text: str, bound: int) -> int:
+    """Where to cut a text longer than ``bound``: at most ``bound`` characters are kept.
+
+    The last space in ``[bound // 2, bound)`` that follows a non-whitespace
+    character (the start of a whitespace run: no token of a whitespace-splitting
+    pre-tokenizer spans it), else ``bound``. Only the second half is searched,
+    in one pass of ``re`` over the reversed slice (``O(bound)``, no Python loop
+    over spaces): a space far before the bound would waste the budget
+    (``"a "`` then 2 MB of CJK without spaces would give one token).
+    """
+    low = bound // 2
+    found = _SPACE_AFTER_WORD_REVERSED.search(text[low - 1 : bound][::-1])
+    return bound if found is None else bound - 1 - found.start()
 
 
 def _layout(

@@ -178,12 +178,12 @@ def test_a_1_mib_text_is_truncated_from_a_bounded_prefix(minilm_path: Path, rust
     assert peak < 4 * 2**20  # Python-side memory: the prefix and its ids, not 1 MiB of tokens
 
 
-def test_long_text_without_spaces_or_cut_too_short_falls_back_to_the_whole_text(
+def test_long_text_without_spaces_or_cut_too_short_falls_back_to_the_whole_text_within_the_hard_bound(
     minilm_path: Path, rust: Tokenizer
 ) -> None:
-    tok = ArrowTokenizer.from_file(minilm_path, TokenizerConfig(max_length=16))
-    no_space = "x" * 20_000  # one "word": no cut point
-    sparse = "a " + " " * 5_000 + "b " * 40  # the prefix is all spaces: too few tokens
+    tok = ArrowTokenizer.from_file(minilm_path, TokenizerConfig(max_length=16))  # bounds 768, 4352 chars
+    no_space = "x" * 4_000  # one "word": cut inside it, too few tokens
+    sparse = "a " + " " * 3_000 + "b " * 40  # the prefix is all spaces: too few tokens
     batch = tok.encode([no_space, sparse])
     assert _rows(batch) == [[CLS, 100, SEP], [*rust.encode(sparse).ids[:15], SEP]]  # 100: [UNK]
     assert batch.truncated.tolist() == [False, True]
