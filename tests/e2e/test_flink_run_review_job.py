@@ -75,3 +75,32 @@ def test_detached_streaming_job_stops_with_a_savepoint_and_commits(stack, model_
     # Stopped with a savepoint, no transaction stays open: read_committed reads to the end at once.
     out = read_topic(bootstrap, t_out, timeout_s=30)
     assert sorted(json.loads(m.value())["id"] for m in out) == sorted(r.id for r in reviews)
+
+
+def test_flink_run_of_the_readmes_handler_example_defined_in_the_job_script(stack):
+    """Issue 9.2: the example's handler class lives in the job script (``__main__``) and reaches the
+    cluster's Python worker by value (cloudpickle); the worker must still share and run it."""
+    cmd = stack.flink_run_command(str(ROOT / "jobs" / "examples" / "lexicon_handler.py"), "--limit", "100")
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    match = re.search(r"lexicon [0-9a-f]{12}: scored (\d+) of (\d+) held-out reviews in PyFlink, "
+                      r"accuracy (0\.\d{3})", proc.stdout)
+    assert match is not None, proc.stdout[-3000:]
+    assert (match.group(1), match.group(2)) == ("100", "100")
+    assert float(match.group(3)) > 0.6  # the lexicon scores 0.787 on the whole held-out split
+
+
+def test_a_missing_connector_jar_is_one_line_before_any_flink_trace(stack, model_assets):
+    """Issue 9.4: pre-flight through `flink run`: one line naming the jar and the fix, exit 1."""
+    cmd = stack.flink_run_command(
+        str(ROOT / "jobs" / "review_sentiment.py"), "--input-topic", "i", "--output-topic", "o",
+        "--jars", "file:///nonexistent/kafka.jar", "--model-dir", str(model_assets.directory))
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines()
+             if line.startswith("review_sentiment: error:")]
+    assert lines == ["review_sentiment: error: connector jar /nonexistent/kafka.jar does not exist: pass "
+                     "--jars file:///path/flink-sql-connector-kafka-5.0.0-2.2.jar (Maven Central: "
+                     "org.apache.flink:flink-sql-connector-kafka:5.0.0-2.2) or fill the dev cache with "
+                     "`aisp local jars`"]
+    assert "ValidationException" not in proc.stdout + proc.stderr
