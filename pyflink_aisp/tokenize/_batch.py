@@ -42,7 +42,9 @@ class TokenizedBatch:
         token_type_ids: ``list<int32>`` segment ids from the post-processor.
         source_rows: ``(rows,)`` int64 input row of each output row.
         truncated: ``(num_inputs,)`` bool, True where an input row had more than
-            ``max_length`` tokens (its tail was dropped, or went to overflow windows).
+            ``max_length`` tokens (its tail was dropped, or went to overflow windows),
+            or its text was cut at the tokenizer's hard character bound
+            (``MAX_CHARS_PER_TOKEN`` x ``max_length``).
         invalid_rows: ``(k,)`` int64 input rows that were not valid UTF-8 (nulled).
         type_id_constant: The type id of every token when the post-processor
             gives one value, else None (then ``token_type_ids`` is read per token).

@@ -42,3 +42,12 @@ def test_job_help_lists_every_flag_with_its_default():
     for opt in OPTIONS:
         assert opt.flag in text
         assert f"default {opt.render_default()}]" in text, opt.flag
+
+
+def test_readme_dead_letter_table_lists_every_reason_once():
+    from pyflink_aisp.pipeline import Reason
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Dead letters"):readme.index("## Options")]
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \|", section, re.M)
+    assert sorted(rows) == sorted(r.value for r in Reason)
