@@ -63,8 +63,8 @@ from pyflink.common import Row
 from pyflink.table import DataTypes
 from pyflink.table.udf import AsyncScalarFunction, FunctionContext, ScalarFunction
 
-from pyflink_aisp.inference import Inferred, ModelRuntime
-from pyflink_aisp.inference._metrics import Window, register_window
+from pyflink_aisp.inference import FailureRateBreaker, Inferred, ModelRuntime
+from pyflink_aisp.inference._metrics import Window, bind_breaker_metrics, register_window
 from pyflink_aisp.pipeline._config import PipelineOptions
 from pyflink_aisp.pipeline._handlers import handler_for
 from pyflink_aisp.pipeline._outcome import MAX_DETAIL_CHARS, reason_of, sentiment_label
@@ -145,6 +145,7 @@ class _SharedModel:
     def __init__(self, defaults: PipelineOptions | None) -> None:
         self.defaults = defaults
         self.runtime: ModelRuntime | None = None
+        self.breaker: FailureRateBreaker | None = None
         self.counts = {"recordsIn": 0, "recordsOut": 0, "nullInputs": 0, "deadLetters": 0}
         self.e2e_us = Window()
         self._stats_path: Path | None = None
@@ -160,6 +161,8 @@ class _SharedModel:
     def open(self, context: FunctionContext) -> None:
         config = PipelineOptions.from_job_parameters(_job_parameters(context), base=self.defaults)
         self.runtime = ModelRuntime.acquire(handler_for(config), config.batching(), swap=config.swap())
+        breaker = config.breaker()
+        self.breaker = None if breaker is None else FailureRateBreaker(breaker)
         group = _metric_group(context)
         if group is not None:
             group = group.add_group("aisp")
@@ -167,6 +170,8 @@ class _SharedModel:
                 group.gauge(name, self._count_reader(name))
             register_window(group, "endToEndUs", self.e2e_us)
             self.runtime.bind_metrics(group)
+            if self.breaker is not None:
+                bind_breaker_metrics(group, self.breaker)
         if config.stats_dir is not None:
             config.stats_dir.mkdir(parents=True, exist_ok=True)
             self._stats_path = config.stats_dir / f"aisp-stats-{os.getpid()}.json"
@@ -269,9 +274,13 @@ class AsyncSentimentFunction(AsyncScalarFunction):  # type: ignore[misc]
         try:
             values: tuple[Any, ...] = _scored(await shared.runtime.infer(text))
             shared.counts["recordsOut"] += 1
+            error: BaseException | None = None
         except Exception as exc:
             values = _failed(exc, shared.version())
             shared.counts["deadLetters"] += 1
+            error = exc
+        if shared.breaker is not None:  # CircuitOpenError fails the job: Flink restarts it
+            shared.breaker.record(error is not None, error)
         shared.e2e_us.add((time.perf_counter() - start) * 1e6)
         return Row(*values)
 
@@ -322,6 +331,9 @@ class PandasSentimentFunction(ScalarFunction):  # type: ignore[misc]
         shared.counts["recordsOut"] += len(positions) - failed
         shared.counts["deadLetters"] += failed
         shared.e2e_us.add((time.perf_counter() - start) * 1e6)
+        if shared.breaker is not None:  # CircuitOpenError fails the job: Flink restarts it
+            last = next((o for o in reversed(outcomes) if isinstance(o, BaseException)), None)
+            shared.breaker.record_many(failed, len(outcomes), last)
         frame = pd.DataFrame(rows, columns=_COLUMNS, dtype=object)
         frame["score"] = frame["score"].astype("float64")
         return frame

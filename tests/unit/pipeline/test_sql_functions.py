@@ -421,3 +421,38 @@ def test_functions_share_one_runtime_score_like_the_model_and_write_stats(quick_
     stats = json.loads(stats_file.read_text())
     assert stats["records"] == 8 and stats["model_sha256"] == quick_model.sha256
     assert stats["max_batch_size"] > 1  # the four concurrent async rows shared a batch
+
+
+def test_the_sql_functions_trip_the_circuit_breaker_when_most_rows_fail() -> None:
+    """Issue 9.8 in SQL: failing rows become reason rows until the failure rate reaches the
+    threshold; then eval raises CircuitOpenError (the job fails over) instead of emptying the stream."""
+    from pyflink_aisp.errors import CircuitOpenError
+    from pyflink_aisp.inference import BreakerConfig, FailureRateBreaker
+
+    pandas_fn = _with_fake(PandasSentimentFunction())
+    pandas_fn._shared.breaker = FailureRateBreaker(BreakerConfig(max_failure_rate=0.5, window_records=8,
+                                                                 min_records=4))
+    frame = pandas_fn.eval(pd.Series(["x" * 10, "boom", "x" * 20, None], dtype=object))  # 1 of 3 failed
+    assert frame["reason"].tolist() == [None, "inference_error", None, None]
+    expected = r"inference failure rate 0\.571 \(4 of the last 7 records\).*TokenizeError"
+    with pytest.raises(CircuitOpenError, match=expected):
+        pandas_fn.eval(pd.Series(["boom", "boom", "boom", "x"], dtype=object))  # 4 of 7 failed
+
+    async_fn = _with_fake(AsyncSentimentFunction())
+    async_fn._shared.breaker = FailureRateBreaker(BreakerConfig(max_failure_rate=0.5, window_records=4,
+                                                                min_records=4))
+    assert tuple(asyncio.run(async_fn.eval("x" * 10)))[3] is None
+    assert tuple(asyncio.run(async_fn.eval("late")))[3] == "inference_timeout"
+    assert tuple(asyncio.run(async_fn.eval("x" * 10)))[3] is None  # 1 of 3: not judged before 4
+    with pytest.raises(CircuitOpenError):
+        asyncio.run(async_fn.eval("boom"))  # 2 of 4 = 0.5 >= 0.5
+
+
+def test_the_sql_functions_get_the_breaker_from_the_job_parameters() -> None:
+    from pyflink_aisp.pipeline import PipelineOptions
+
+    assert PipelineOptions().breaker() is not None
+    assert PipelineOptions(max_failure_rate=None).breaker() is None
+    config = PipelineOptions.from_job_parameters(
+        {"aisp.breaker.max-failure-rate": "0.25", "aisp.breaker.window": "50"}.get).breaker()
+    assert (config.max_failure_rate, config.window_records, config.min_records) == (0.25, 50, 5)
