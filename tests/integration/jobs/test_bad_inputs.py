@@ -111,7 +111,8 @@ def test_the_topics_max_message_bytes_bounds_outputs_too(kafka_bootstrap, topic,
         future.result(30)
     big_id = "x" * 60_000
     good = [json.dumps({"id": r.id, "text": r.text}).encode() for r in reviews[:10]]
-    _produce(kafka_bootstrap, t_in, [*good[:5], json.dumps({"id": big_id, "text": "fine"}).encode(), *good[5:]])
+    big = json.dumps({"id": big_id, "text": "fine"}).encode()
+    _produce(kafka_bootstrap, t_in, [*good[:5], big, *good[5:]])
     options = _options(kafka_bootstrap, t_in, t_out, t_dlq, model_assets, "--mode", "batch")
     build_pipeline(make_environment(options), options).wait()
     assert {m.key().decode() for m in read_topic(kafka_bootstrap, t_out, min_count=10)} == {
