@@ -290,10 +290,10 @@ def flink_settings(options: PipelineOptions) -> dict[str, str]:
     size = options.max_batch_size
     return {**_restart_settings(options),
         "python.fn-execution.bundle.time": str(options.effective_bundle_time_ms),
-        "python.fn-execution.bundle.size": str(max(_FLINK_DEFAULT_BUNDLE_SIZE, options.arrow_batch_size,
-                                                   8 * size)),
+        "python.fn-execution.bundle.size": str(min(2**31 - 1, max(_FLINK_DEFAULT_BUNDLE_SIZE,
+                                                                  options.arrow_batch_size, 8 * size))),
         "python.fn-execution.arrow.batch.size": str(options.arrow_batch_size),
-        "table.exec.async-scalar.max-concurrent-operations": str(2 * size),
+        "table.exec.async-scalar.max-concurrent-operations": str(min(2**31 - 1, 2 * size)),
         "table.exec.async-scalar.timeout": f"{_ASYNC_TIMEOUT_MS} ms",
         "table.exec.async-scalar.retry-strategy": "NO_RETRY",
     }

@@ -146,13 +146,16 @@ class Option:
         """Range check of a parsed value.
 
         Raises:
-            ConfigError: below ``minimum`` (for tuples: any element).
+            ConfigError: below ``minimum`` (for tuples: any element), or an integer
+                above :data:`JAVA_INT_MAX` (Flink reads these settings as Java ints).
         """
-        if self.minimum is None or value is None:
+        if value is None:
             return
         values = value if isinstance(value, tuple) else (value,)
-        if any(v < self.minimum for v in values):
+        if self.minimum is not None and any(v < self.minimum for v in values):
             raise ConfigError(f"{where or self.flag} must be >= {self.minimum:g}, got {value!r}")
+        if self.kind in (int, tuple) and any(v > JAVA_INT_MAX for v in values):
+            raise ConfigError(f"{where or self.flag} must be <= {JAVA_INT_MAX} (a Java int), got {value!r}")
 
     def render_default(self) -> str:
         """The default as the README and ``--help`` show it."""
@@ -170,6 +173,9 @@ class Option:
 def _o(name: str, kind: Any, default: Any, doc: str, group: OptionGroup, **kw: Any) -> Option:
     return Option(name=name, kind=kind, default=default, doc=doc, group=group, **kw)
 
+
+#: Largest integer option: Flink reads the settings derived from them as Java ints.
+JAVA_INT_MAX = 2**31 - 1
 
 J, B, M, W = OptionGroup.JOB, OptionGroup.BATCHING, OptionGroup.MODEL, OptionGroup.WORKER
 

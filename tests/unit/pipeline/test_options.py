@@ -445,3 +445,18 @@ def test_onnx_spin_wait_follows_the_latency_target_unless_set(flags: list[str], 
     params = get_from(options.job_parameters())
     assert PipelineOptions.from_job_parameters(params, base=options) == options
     assert PipelineOptions.from_job_parameters(params).onnx_spin_wait is options.onnx_spin_wait
+
+
+@pytest.mark.parametrize("flag", ["--max-batch-size", "--arrow-batch-size", "--capacity", "--parallelism",
+                                  "--max-request-size"])
+def test_integer_flags_over_a_java_int_exit_2_naming_the_flag(flag: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        PipelineOptions.from_args(["--input-topic", "i", "--output-topic", "o", flag, str(2**31)])
+    assert exc.value.code == 2
+    assert f"{flag} must be <= 2147483647 (a Java int), got {2**31}" in capsys.readouterr().err
+
+
+def test_the_largest_batch_size_keeps_the_derived_settings_java_ints() -> None:
+    settings = flink_settings(PipelineOptions(max_batch_size=2**31 - 1, capacity=2**31 - 1))
+    assert settings["python.fn-execution.bundle.size"] == str(2**31 - 1)
+    assert settings["table.exec.async-scalar.max-concurrent-operations"] == str(2**31 - 1)
