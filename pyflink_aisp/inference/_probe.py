@@ -18,14 +18,22 @@ saturates the sigmoid, or an encoder that ignores its input.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from pyflink_aisp.errors import ModelError
 
-__all__ = ["SWAP_PROBE_TEXTS", "check_probe_outputs"]
+__all__ = ["PROBE_BATCH_SIZES", "SWAP_PROBE_TEXTS", "check_probe_batch_sizes", "check_probe_outputs"]
+
+#: Batch sizes the first probes are also scored at: a version that runs only at one
+#: batch size (a graph exported with a static batch dimension of 16 passes a probe of
+#: 16 texts, then fails every smaller batch the stream makes) is refused.
+PROBE_BATCH_SIZES = (1, 7)
+#: Most |score difference| between a probe scored alone or in a small batch and in the
+#: whole probe batch (padding changes fp32 sums in the last bits; ORT CPU: < 1e-6).
+BATCH_SCORE_TOLERANCE = 1e-4
 
 #: Short review sentences, 8 positive and 7 negative (written for this check, in the
 #: style of the Rotten Tomatoes snippets the model was trained on), plus the empty
@@ -107,6 +115,43 @@ def check_probe_outputs(
                 f"(scores {s.min():.3g} to {s.max():.3g})")
     if n > 1 and float(np.abs(e - e[0]).max()) <= _EQUAL_TOLERANCE:
         _refuse(source, "identical embeddings", f"all {n} probes got the same embedding")
+
+
+def check_probe_batch_sizes(
+    predict: Callable[[list[str]], tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]],
+    scores: npt.ArrayLike,
+    *,
+    source: str,
+    texts: Sequence[str] = SWAP_PROBE_TEXTS,
+) -> None:
+    """Score the first ``k`` probes for each ``k`` of :data:`PROBE_BATCH_SIZES` and
+    compare with their scores in the whole batch.
+
+    Args:
+        predict: ``texts -> (scores (k,), embeddings (k, dim))`` of the new version.
+        scores: ``(n,)`` scores of all ``texts`` in one batch (already checked).
+        source: The model path, for the message.
+        texts: The probe texts.
+
+    Raises:
+        ModelError: ``"model <source> failed the swap probe (batch of <k>): ..."`` when
+            a smaller batch fails to run, has the wrong shape, or scores differ by more
+            than :data:`BATCH_SCORE_TOLERANCE`.
+    """
+    whole = np.asarray(scores, dtype=np.float64)
+    for k in PROBE_BATCH_SIZES:
+        if k >= len(texts):
+            continue
+        try:
+            part = np.asarray(predict(list(texts[:k]))[0], dtype=np.float64)
+        except Exception as exc:  # ORT raises its own types for a static batch dimension
+            _refuse(source, f"batch of {k}", f"{type(exc).__name__}: {str(exc)[:300]}")
+        if part.shape != (k,):
+            _refuse(source, f"batch of {k}", f"got scores {part.shape}, expected ({k},)")
+        gap = float(np.abs(part - whole[:k]).max())
+        if not gap <= BATCH_SCORE_TOLERANCE:
+            _refuse(source, f"batch of {k}", f"scores differ from the same probes in one batch of "
+                    f"{len(texts)} by {gap:.3g} (> {BATCH_SCORE_TOLERANCE:g})")
 
 
 def _refuse_rows(

@@ -19,7 +19,7 @@ from pyflink_aisp.inference._onnx import (
     normalize_providers,
     provider_device,
 )
-from pyflink_aisp.inference._probe import SWAP_PROBE_TEXTS, check_probe_outputs
+from pyflink_aisp.inference._probe import SWAP_PROBE_TEXTS, check_probe_batch_sizes, check_probe_outputs
 from pyflink_aisp.models import ModelAssets
 from pyflink_aisp.models._checksum import verify_sha256
 
@@ -123,7 +123,9 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
         in one batch: scores ``(n,)`` finite in [0, 1], embeddings
         ``(n, embedding_dim)`` finite and L2-normalised, and not degenerate (not
         one score, one label or one embedding for all probes); see
-        :func:`~pyflink_aisp.inference.check_probe_outputs`.
+        :func:`~pyflink_aisp.inference.check_probe_outputs`. The first probes are
+        scored again in batches of 1 and 7 and must match
+        (:func:`~pyflink_aisp.inference._probe.check_probe_batch_sizes`).
 
         Raises:
             ChecksumError: the file's sha256 is not ``sha256``.
@@ -137,6 +139,7 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
         except Exception as exc:  # ORT raises its own types for a graph with other inputs/outputs
             raise ModelError(f"model {path} does not run as a sentiment model: {exc}") from exc
         check_probe_outputs(scores, embeddings, embedding_dim=self._assets.embedding_dim, source=str(path))
+        check_probe_batch_sizes(model.predict, scores, source=str(path))
         return model
 
     # -- devices and providers (kept apart from the hot-swap code) --------------------

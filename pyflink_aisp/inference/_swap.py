@@ -35,6 +35,8 @@ __all__ = ["ModelPointer", "ModelSwapConfig", "publish_model", "read_pointer"]
 
 _POINTER_MODE = 0o644
 """File mode of a published pointer: world-readable, so TaskManagers of any user read it."""
+_DIR_MODE = 0o755
+"""Mode of the directories :func:`publish_model` creates: searchable by every user."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +106,20 @@ def _user() -> str:
         return f"uid {uid}"
 
 
+def _make_searchable_dirs(directory: Path) -> None:
+    """Create ``directory`` and missing parents with mode 0755 whatever the umask, so
+    that TaskManagers running as other users can reach the pointer (existing
+    directories are left as they are)."""
+    missing = []
+    for parent in (directory, *directory.parents):
+        if parent.exists():
+            break
+        missing.append(parent)
+    for created in reversed(missing):
+        created.mkdir(exist_ok=True)
+        os.chmod(created, _DIR_MODE)
+
+
 def publish_model(pointer_path: Path, model_path: Path) -> ModelPointer:
     """Point ``pointer_path`` at ``model_path`` (hashed now), atomically.
 
@@ -127,7 +143,7 @@ def publish_model(pointer_path: Path, model_path: Path) -> ModelPointer:
         raise ModelError(f"the pointer {pointer_path} is a directory; give a file name such as model.json")
     pointer = ModelPointer(model_path, sha256_file(model_path))
     try:
-        pointer_path.parent.mkdir(parents=True, exist_ok=True)
+        _make_searchable_dirs(pointer_path.parent)
         fd, tmp = tempfile.mkstemp(prefix=".pointer-", dir=pointer_path.parent)
     except OSError as exc:
         raise ModelError(f"cannot write the pointer {pointer_path}: {exc}") from exc

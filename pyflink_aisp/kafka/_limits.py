@@ -1,7 +1,8 @@
 """How large a record a Kafka sink can write: producer and topic limits.
 
 A producer refuses a record whose serialized batch exceeds its
-``max.request.size`` (default 1 MiB, Kafka ``ProducerConfig``), and the broker
+``max.request.size`` (default 1 MiB, Kafka ``ProducerConfig``) or its
+``buffer.memory`` (default 32 MiB), and the broker
 refuses a batch larger than the topic's ``max.message.bytes`` (default
 1,048,588, from the broker's ``message.max.bytes``); either way the send fails
 with ``RecordTooLargeException`` and an exactly-once Flink sink fails the job.
@@ -17,11 +18,13 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from pyflink_aisp.errors import KafkaError
 
-__all__ = ["DEFAULT_MAX_REQUEST_SIZE", "RECORD_OVERHEAD_BYTES", "sink_record_limit",
+__all__ = ["DEFAULT_BUFFER_MEMORY", "DEFAULT_MAX_REQUEST_SIZE", "RECORD_OVERHEAD_BYTES", "sink_record_limit",
            "topic_max_message_bytes"]
 
 #: Kafka producer default ``max.request.size`` (bytes).
 DEFAULT_MAX_REQUEST_SIZE = 1_048_576
+#: Kafka producer default ``buffer.memory`` (bytes): a record larger than it is refused too.
+DEFAULT_BUFFER_MEMORY = 33_554_432
 #: Bytes kept free for the record-batch and record headers around key and value:
 #: a v2 batch header is 61 bytes and a record's own overhead at most 21
 #: (``DefaultRecordBatch.RECORD_BATCH_OVERHEAD``, ``DefaultRecord.MAX_RECORD_OVERHEAD``);
@@ -62,11 +65,11 @@ def sink_record_limit(
         max_request_size: The sinks' producer ``max.request.size``.
 
     Returns:
-        ``min(max_request_size, each topic's max.message.bytes) -``
+        ``min(max_request_size, buffer.memory (32 MiB), each topic's max.message.bytes) -``
         :data:`RECORD_OVERHEAD_BYTES`.
 
     Raises:
         KafkaError: As :func:`topic_max_message_bytes`.
     """
-    limits = topic_max_message_bytes(bootstrap_servers, topics)
-    return min(max_request_size, *limits.values()) - RECORD_OVERHEAD_BYTES
+    limits = topic_max_message_bytes(bootstrap_servers, sorted(set(topics)))
+    return min(max_request_size, DEFAULT_BUFFER_MEMORY, *limits.values()) - RECORD_OVERHEAD_BYTES

@@ -50,8 +50,8 @@ from pyflink_aisp.pipeline._config import PipelineOptions, flink_settings
 from pyflink_aisp.pipeline._connector import connector_jars
 from pyflink_aisp.pipeline._handlers import handler_for
 from pyflink_aisp.pipeline._options import Runner
-from pyflink_aisp.pipeline._outcome import DeadLettered, render_dead_letter, render_scored
-from pyflink_aisp.pipeline._preflight import preflight
+from pyflink_aisp.pipeline._outcome import MIN_RECORD_BYTES, DeadLettered, render_dead_letter, render_scored
+from pyflink_aisp.pipeline._preflight import check_connector_jars, check_model_paths, check_python
 
 __all__ = ["SCORED_TYPE", "build_pipeline", "make_environment"]
 
@@ -74,13 +74,15 @@ def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
             jar, model path, Python executable), in one line.
     """
     jars = connector_jars(options.jars)
-    preflight(options, jars, sys.executable)
+    check_model_paths(options)
+    check_connector_jars(jars)
     conf = Configuration()
     for key, value in flink_settings(options).items():
         conf.set_string(key, value)
     env = StreamExecutionEnvironment.get_execution_environment(conf)
     env.add_jars(*jars)
-    env.set_python_executable(sys.executable)
+    # `flink run -pyexec` (or the cluster's python.executable) names the workers' Python; else this one
+    env.set_python_executable(check_python(_configured_python(env) or sys.executable))
     env.set_parallelism(options.parallelism)
     if options.mode == "batch":
         env.set_runtime_mode(RuntimeExecutionMode.BATCH)
@@ -92,6 +94,16 @@ def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
     for key, value in flink_settings(options).items():
         t_env.get_config().set(key, value)
     return t_env
+
+
+def _configured_python(env: StreamExecutionEnvironment) -> str | None:
+    """``python.executable`` of the environment's configuration (``-pyexec``, config.yaml), if set."""
+    from pyflink.java_gateway import get_gateway
+
+    util = get_gateway().jvm.org.apache.flink.python.util.PythonConfigUtil
+    config = util.getEnvironmentConfig(env._j_stream_execution_environment)
+    value = config.toMap().get("python.executable")
+    return str(value) if value else None
 
 
 def build_pipeline(
@@ -127,6 +139,12 @@ def build_pipeline(
               f"{info.replication_factor})", file=sys.stderr, flush=True)
     limit = sink_record_limit(servers, [options.output_topic, options.dlq],
                               max_request_size=options.max_request_size)
+    if limit < MIN_RECORD_BYTES:
+        raise ConfigError(f"the sinks can write records of at most {limit} bytes (key + value; "
+                          f"max.message.bytes of {options.output_topic} / {options.dlq} and "
+                          "--max-request-size, less 1 KiB), "
+                          f"below the {MIN_RECORD_BYTES} a dead letter may need: raise the topics' "
+                          f"max.message.bytes to at least {MIN_RECORD_BYTES + 1024}")
     scored = _scored_table(t_env, options, servers, handler, limit)
     prefix = options.transactional_id_prefix or options.group
     statements = t_env.create_statement_set()

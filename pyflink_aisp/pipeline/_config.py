@@ -49,7 +49,8 @@ class PipelineOptions:
     """Every option of the packaged jobs and SQL functions (see ``OPTIONS`` for docs and units).
 
     Raises:
-        ConfigError: A value out of range, an unknown mode, ``--capacity`` below
+        ConfigError: A value out of range, an unknown mode, the same topic as two of
+            input, output and dead-letter topic, ``--capacity`` below
             ``--max-batch-size`` for the async operator, ``--encoder-onnx``
             without ``--encoder-tokenizer``, or batching knobs that
             :class:`~pyflink_aisp.inference.BatchingConfig` refuses.
@@ -109,6 +110,12 @@ class PipelineOptions:
         if self.operator is Runner.ASYNC and self.capacity < self.max_batch_size:
             raise ConfigError(f"--capacity ({self.capacity}) must be >= --max-batch-size "
                               f"({self.max_batch_size}): records in flight cap the batch")
+        if self.input_topic and self.output_topic:
+            named = {"--input-topic": self.input_topic, "--output-topic": self.output_topic,
+                     "--dlq-topic": self.dlq}
+            if len(set(named.values())) < 3:
+                raise ConfigError("the input, output and dead-letter topics must differ (a job that reads "
+                                  f"its own output or dead letters loops without end): {named}")
         if self.max_failure_rate is not None and self.max_failure_rate > 1:
             raise ConfigError(f"--max-failure-rate must be <= 1 (a share of the window), "
                               f"got {self.max_failure_rate}")

@@ -201,7 +201,8 @@ OPTIONS: tuple[Option, ...] = (
        "(default: $AISP_CONNECTOR_JARS, else the jar cache of `aisp local jars`).", J),
     _o("max_request_size", int, 1_048_576, "Kafka producer max.request.size of the sinks; an output "
        "that would not fit in it or in the topic's max.message.bytes (less 1 KiB of record overhead) "
-       "goes to the DLQ as oversized_output.", J, unit="bytes", minimum=32 * 1024),
+       "goes to the DLQ as oversized_output (at most buffer.memory, 32 MiB, counts).", J, unit="bytes",
+       minimum=33 * 1024),
     _o("restart_attempts", int, 3, "Restart strategy failure-rate: most job failures within "
        "--restart-interval-s before the job stays FAILED (0: no restart).", J, minimum=0),
     _o("restart_interval_s", int, 300, "Restart strategy failure-rate: the window of --restart-attempts.",

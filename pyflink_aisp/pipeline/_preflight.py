@@ -6,10 +6,11 @@ a missing model directory or Python executable only when a TaskManager opens
 the operator. :func:`preflight` checks, on the client:
 
 * every ``pipeline.jars`` entry of the job is a readable jar file (``file://``
-  URLs; other schemes are the cluster's to fetch), and one of them provides
-  the Flink Kafka table factory (``KafkaDynamicTableFactory`` in
+  URLs; other schemes are the cluster's to fetch), and together they provide
+  the Flink Kafka table factory (``KafkaDynamicTableFactory``, listed in
   ``META-INF/services/org.apache.flink.table.factories.Factory``, the Java
-  ``ServiceLoader`` file Flink's ``FactoryUtil`` reads);
+  ``ServiceLoader`` file Flink's ``FactoryUtil`` reads, and its class present)
+  and the Kafka client classes it loads;
 * the model files the options name are readable files / directories;
 * the workers' Python executable exists and is executable. A bare name is
   looked up on this host's ``PATH``; on a remote cluster the TaskManagers must
@@ -32,6 +33,12 @@ __all__ = ["KAFKA_FACTORY", "check_connector_jars", "check_model_paths", "check_
 #: The table factory of ``'connector' = 'kafka'`` in flink-sql-connector-kafka (4.x, 5.x).
 KAFKA_FACTORY = "org.apache.flink.streaming.connectors.kafka.table.KafkaDynamicTableFactory"
 _SERVICES = "META-INF/services/org.apache.flink.table.factories.Factory"
+_FACTORY_CLASS = KAFKA_FACTORY.replace(".", "/") + ".class"
+#: The Kafka consumer class, shaded (flink-sql-connector-kafka) or plain (kafka-clients).
+_CLIENT_CLASSES = frozenset({
+    "org/apache/flink/kafka/shaded/org/apache/kafka/clients/consumer/KafkaConsumer.class",
+    "org/apache/kafka/clients/consumer/KafkaConsumer.class",
+})
 _FIX_JARS = ("pass --jars file:///path/flink-sql-connector-kafka-5.0.0-2.2.jar (Maven Central: "
              "org.apache.flink:flink-sql-connector-kafka:5.0.0-2.2) or fill the dev cache with "
              "`aisp local jars`")
@@ -44,34 +51,58 @@ def _local_path(url: str) -> Path | None:
     return None  # http(s)://, s3://...: fetched by the cluster
 
 
+def _jar_entries(path: Path) -> tuple[set[str], str]:
+    """The entry names of a local jar and its table-factory services file.
+
+    Raises:
+        ConfigError: Missing, a directory, unreadable or not a zip.
+    """
+    if path.is_dir():
+        raise ConfigError(f"connector jar {path} is a directory, not a jar: {_FIX_JARS}")
+    if not path.is_file():
+        raise ConfigError(f"connector jar {path} does not exist: {_FIX_JARS}")
+    if not os.access(path, os.R_OK):
+        raise ConfigError(f"connector jar {path} is not readable by user {os.getuid()}: "
+                          "fix its permissions")
+    try:
+        with zipfile.ZipFile(path) as jar:
+            names = set(jar.namelist())
+            services = jar.read(_SERVICES).decode("utf-8", "replace") if _SERVICES in names else ""
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ConfigError(f"connector jar {path} is not a jar ({exc}): {_FIX_JARS}") from exc
+    return names, services
+
+
 def check_connector_jars(urls: list[str]) -> None:
-    """Every local jar exists and is a jar; one provides :data:`KAFKA_FACTORY`.
+    """Every local jar exists and is a jar; together they provide :data:`KAFKA_FACTORY`
+    (listed as a service and its class present) and the Kafka client it runs on
+    (shaded in flink-sql-connector-kafka, or a kafka-clients jar beside the thin
+    flink-connector-kafka).
 
     Raises:
         ConfigError: One line: which jar, what is wrong, how to fix it.
     """
     remote = False
+    listed = has_factory = has_client = False
     for url in urls:
         path = _local_path(url)
         if path is None:
             remote = True
             continue
-        if not path.is_file():
-            raise ConfigError(f"connector jar {path} does not exist: {_FIX_JARS}")
-        if not os.access(path, os.R_OK):
-            raise ConfigError(f"connector jar {path} is not readable by user {os.getuid()}: "
-                              "fix its permissions")
-        try:
-            with zipfile.ZipFile(path) as jar:
-                services = jar.read(_SERVICES).decode("utf-8") if _SERVICES in jar.namelist() else ""
-        except (zipfile.BadZipFile, OSError) as exc:
-            raise ConfigError(f"connector jar {path} is not a jar ({exc}): {_FIX_JARS}") from exc
-        if KAFKA_FACTORY in services.split():
-            return
-    if not remote:
-        names = ", ".join(urls) or "none"
-        raise ConfigError(f"no jar of --jars ({names}) provides the Flink Kafka connector "
+        names, services = _jar_entries(path)
+        listed = listed or KAFKA_FACTORY in services.split()
+        has_factory = has_factory or _FACTORY_CLASS in names
+        has_client = has_client or bool(_CLIENT_CLASSES & names)
+    if remote:
+        return  # the cluster fetches the others: it may hold what is missing here
+    names_given = ", ".join(urls) or "none"
+    if not (listed and has_factory):
+        raise ConfigError(f"no jar of --jars ({names_given}) provides the Flink Kafka connector "
                           f"({KAFKA_FACTORY}): {_FIX_JARS}")
+    if not has_client:
+        raise ConfigError(f"the jars of --jars ({names_given}) hold the Flink Kafka connector but not the "
+                          "Kafka client it needs: use flink-sql-connector-kafka (the client shaded in), or "
+                          "add kafka-clients to --jars")
 
 
 def check_model_paths(options: PipelineOptions) -> None:

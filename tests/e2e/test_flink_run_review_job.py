@@ -104,3 +104,18 @@ def test_a_missing_connector_jar_is_one_line_before_any_flink_trace(stack, model
                      "org.apache.flink:flink-sql-connector-kafka:5.0.0-2.2) or fill the dev cache with "
                      "`aisp local jars`"]
     assert "ValidationException" not in proc.stdout + proc.stderr
+
+
+def test_flink_run_pyexec_names_the_workers_python_and_a_missing_one_is_one_line(stack, model_assets):
+    """`-pyexec` is honoured (not replaced by the client's Python) and pre-flight checks it."""
+    cmd = stack.flink_run_command(
+        str(ROOT / "jobs" / "review_sentiment.py"), "--input-topic", "i", "--output-topic", "o",
+        "--model-dir", str(model_assets.directory))
+    cmd[cmd.index("-pyexec") + 1] = "/nonexistent/python"
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines()
+             if line.startswith("review_sentiment: error:")]
+    assert lines == ["review_sentiment: error: the workers' Python executable /nonexistent/python does not "
+                     "exist: run the job with the project's Python (e.g. .venv/bin/python, or `flink run "
+                     "-pyexec /abs/python`)"]

@@ -155,3 +155,25 @@ def test_a_model_that_fails_on_everything_fails_the_job_after_bounded_restarts(
     assert "CUDA error: an illegal memory access" in str(failure.value)
     assert read_topic(kafka_bootstrap, t_out, timeout_s=3) == []
     assert read_topic(kafka_bootstrap, t_dlq, timeout_s=3) == []  # nothing dead-lettered and committed
+
+
+@pytest.mark.parametrize("operator", ["arrow", "async"])
+def test_a_sink_topic_too_small_for_a_dead_letter_is_refused_before_the_job_starts(
+    operator, kafka_bootstrap, topic, model_assets
+):
+    """A DLQ topic with max.message.bytes 12000 cannot hold every dead letter (a 1,024-emoji id
+    alone is 12 KiB escaped): one line naming the topics and the fix, for both operators."""
+    from pyflink_aisp.errors import ConfigError
+
+    t_in, t_out, t_dlq = topic("in"), topic("out"), topic("dlq")
+    create_topics(kafka_bootstrap, [t_in, t_out])
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(t_dlq, 1, 1, config={"max.message.bytes": "12000"})])[t_dlq].result(30)
+    options = _options(kafka_bootstrap, t_in, t_out, t_dlq, model_assets, "--mode", "batch",
+                       "--operator", operator)
+    with pytest.raises(ConfigError) as refused:
+        build_pipeline(make_environment(options), options)
+    assert str(refused.value) == (
+        f"the sinks can write records of at most 10976 bytes (key + value; max.message.bytes of {t_out} / "
+        f"{t_dlq} and --max-request-size, less 1 KiB), below the 32768 a dead letter may need: raise the "
+        "topics' max.message.bytes to at least 33792")

@@ -158,3 +158,22 @@ def test_watcher_logs_the_permission_problem(tmp_path: Path, monkeypatch, caplog
             runtime.release()
     assert f"permission denied: user {pwd.getpwuid(os.geteuid()).pw_name}" in caplog.text
     assert f"cannot read model pointer {pointer}" in caplog.text
+
+
+def test_directories_publish_creates_are_searchable_under_a_strict_umask(tmp_path: Path) -> None:
+    """With umask 077 the pointer's new parent directories were 0700: the 0644 pointer in them was
+    unreachable for a TaskManager of another user. New ones are 0755; existing ones are not touched."""
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"model")
+    existing = tmp_path / "existing"
+    existing.mkdir(mode=0o700)
+    os.chmod(existing, 0o700)
+    old = os.umask(0o077)
+    try:
+        publish_model(existing / "new" / "sub" / "model.json", model)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o700
+    assert stat.S_IMODE((existing / "new").stat().st_mode) == 0o755
+    assert stat.S_IMODE((existing / "new" / "sub").stat().st_mode) == 0o755
+    assert stat.S_IMODE((existing / "new" / "sub" / "model.json").stat().st_mode) == 0o644

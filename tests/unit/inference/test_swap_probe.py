@@ -161,3 +161,31 @@ def test_an_embedding_size_other_than_the_serving_one_is_refused(model_assets: M
     handler = SentimentHandler(expecting, intra_op_num_threads=2)
     with pytest.raises(ModelError, match=r"does not run as a sentiment model: shape mismatch"):
         handler.load_version(model_assets.onnx_path, model_assets.sha256)
+
+
+def test_a_version_with_a_static_batch_dimension_is_refused(
+    model_assets: ModelAssets, tmp_path: Path
+) -> None:
+    """A graph exported with batch dimension 16 runs the whole probe batch of 16, then fails
+    every batch of another size the stream makes: the probe scores batches of 1 and 7 too."""
+    model = onnx.load(str(model_assets.onnx_path))
+    for graph_input in model.graph.input:
+        graph_input.type.tensor_type.shape.dim[0].dim_value = 16
+    path = tmp_path / "static16.onnx"
+    onnx.save(model, str(path))
+    handler = SentimentHandler(model_assets, intra_op_num_threads=2)
+    with pytest.raises(ModelError, match=r"failed the swap probe \(batch of 1\): .*dimensions"):
+        handler.load_version(path, sha256_file(path))
+
+
+def test_batch_sizes_must_score_alike() -> None:
+    from pyflink_aisp.inference._probe import check_probe_batch_sizes
+
+    scores, embeddings = _good()
+    check_probe_batch_sizes(lambda texts: (scores[:len(texts)] + 5e-5, embeddings[:len(texts)]), scores,
+                            source="m")
+    with pytest.raises(ModelError, match=r"\(batch of 1\): scores differ .* by 0\.01 "):
+        check_probe_batch_sizes(lambda texts: (scores[:len(texts)] + 0.01, embeddings[:len(texts)]), scores,
+                                source="m")
+    with pytest.raises(ModelError, match=r"\(batch of 7\): got scores \(1,\), expected \(7,\)"):
+        check_probe_batch_sizes(lambda texts: (scores[:1], embeddings[:1]), scores, source="m")

@@ -58,3 +58,21 @@ def test_at_least_once_needs_no_prefix():
     t = KafkaSinkTable(name="o", topic="out", bootstrap_servers="h:1", transactional_id_prefix="",
                        delivery_guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
     assert "transactional-id-prefix" not in t.ddl()
+
+
+def test_the_sink_record_limit_is_the_smallest_producer_or_topic_limit_less_overhead(monkeypatch):
+    from pyflink_aisp.kafka import _limits
+
+    seen = []
+
+    def topic_limits(servers, topics, timeout_s=30.0):
+        seen.append(list(topics))
+        return {"out": 2_000_000, "out.dlq": 500_000}
+
+    monkeypatch.setattr(_limits, "topic_max_message_bytes", topic_limits)
+    assert _limits.sink_record_limit("b:9092", ["out", "out.dlq"]) == 500_000 - 1024
+    assert _limits.sink_record_limit("b:9092", ["out", "out"], max_request_size=100_000) == 100_000 - 1024
+    assert seen[-1] == ["out"]  # each topic described once
+    monkeypatch.setattr(_limits, "topic_max_message_bytes", lambda *a, **k: {"out": 60_000_000})
+    # the producer's buffer.memory (32 MiB) caps a larger max.request.size
+    assert _limits.sink_record_limit("b:9092", ["out"], max_request_size=60_000_000) == 33_554_432 - 1024

@@ -460,3 +460,17 @@ def test_the_largest_batch_size_keeps_the_derived_settings_java_ints() -> None:
     settings = flink_settings(PipelineOptions(max_batch_size=2**31 - 1, capacity=2**31 - 1))
     assert settings["python.fn-execution.bundle.size"] == str(2**31 - 1)
     assert settings["table.exec.async-scalar.max-concurrent-operations"] == str(2**31 - 1)
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--input-topic", "t", "--output-topic", "o", "--dlq-topic", "t"], "'--dlq-topic': 't'"),
+    (["--input-topic", "t", "--output-topic", "t"], "'--output-topic': 't'"),
+    (["--input-topic", "t", "--output-topic", "o", "--dlq-topic", "o"], "'--dlq-topic': 'o'"),
+    (["--input-topic", "o.dlq", "--output-topic", "o"], "'--dlq-topic': 'o.dlq'"),
+])
+def test_a_topic_used_twice_exits_2_before_a_feedback_loop(flags: list[str], named: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        PipelineOptions.from_args(flags)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "the input, output and dead-letter topics must differ" in err and named in err

@@ -21,9 +21,20 @@ from pyflink_aisp.pipeline._preflight import (
 SERVICES = "META-INF/services/org.apache.flink.table.factories.Factory"
 
 
-def _jar(path: Path, factories: list[str]) -> Path:
+FACTORY_CLASS = KAFKA_FACTORY.replace(".", "/") + ".class"
+SHADED_CLIENT = "org/apache/flink/kafka/shaded/org/apache/kafka/clients/consumer/KafkaConsumer.class"
+PLAIN_CLIENT = "org/apache/kafka/clients/consumer/KafkaConsumer.class"
+
+
+def _jar(path: Path, factories: list[str], classes: tuple[str, ...] = ()) -> Path:
+    """A jar listing ``factories`` as table factories and holding ``classes`` (empty entries);
+    a listed Kafka factory gets its class and the shaded client unless ``classes`` says otherwise."""
+    if KAFKA_FACTORY in factories and not classes:
+        classes = (FACTORY_CLASS, SHADED_CLIENT)
     with zipfile.ZipFile(path, "w") as jar:
         jar.writestr(SERVICES, "# licence header\n\n" + "\n".join(factories) + "\n")
+        for name in classes:
+            jar.writestr(name, b"")
     return path
 
 
@@ -109,3 +120,26 @@ def test_preflight_reports_the_first_problem(tmp_path: Path) -> None:
         preflight(PipelineOptions(model_dir=tmp_path / "missing"), ["file:///nope.jar"], sys.executable)
     with pytest.raises(ConfigError, match=r"connector jar /nope\.jar does not exist"):
         preflight(PipelineOptions(), ["file:///nope.jar"], sys.executable)
+
+
+def test_every_jar_is_checked_not_only_up_to_the_connector(tmp_path: Path) -> None:
+    kafka = _jar(tmp_path / "kafka.jar", [KAFKA_FACTORY])
+    with pytest.raises(ConfigError) as exc:
+        check_connector_jars([kafka.as_uri(), (tmp_path / "missing.jar").as_uri()])
+    assert _one_line(exc).startswith(f"connector jar {tmp_path}/missing.jar does not exist")
+    with pytest.raises(ConfigError) as exc:
+        check_connector_jars([kafka.as_uri(), str(tmp_path)])
+    assert _one_line(exc).startswith(f"connector jar {tmp_path} is a directory, not a jar")
+
+
+def test_a_listed_factory_without_its_class_or_its_kafka_client_is_refused(tmp_path: Path) -> None:
+    services_only = _jar(tmp_path / "fake.jar", [KAFKA_FACTORY], classes=("x/Other.class",))
+    with pytest.raises(ConfigError) as exc:
+        check_connector_jars([services_only.as_uri()])
+    assert "provides the Flink Kafka connector" in _one_line(exc)
+    thin = _jar(tmp_path / "thin.jar", [KAFKA_FACTORY], classes=(FACTORY_CLASS,))
+    with pytest.raises(ConfigError) as exc:
+        check_connector_jars([thin.as_uri()])
+    assert "not the Kafka client it needs" in _one_line(exc)
+    clients = _jar(tmp_path / "kafka-clients.jar", [], classes=(PLAIN_CLIENT,))
+    check_connector_jars([thin.as_uri(), clients.as_uri()])  # the thin connector beside kafka-clients
