@@ -51,7 +51,12 @@ from pyflink_aisp.pipeline._connector import connector_jars
 from pyflink_aisp.pipeline._handlers import handler_for
 from pyflink_aisp.pipeline._options import Runner
 from pyflink_aisp.pipeline._outcome import MIN_RECORD_BYTES, DeadLettered, render_dead_letter, render_scored
-from pyflink_aisp.pipeline._preflight import check_connector_jars, check_model_paths, check_python
+from pyflink_aisp.pipeline._preflight import (
+    check_connector_jars,
+    check_device,
+    check_model_paths,
+    check_python,
+)
 
 __all__ = ["SCORED_TYPE", "build_pipeline", "make_environment"]
 
@@ -75,6 +80,7 @@ def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
     """
     jars = connector_jars(options.jars)
     check_model_paths(options)
+    check_device(options)
     check_connector_jars(jars)
     conf = Configuration()
     for key, value in flink_settings(options).items():

@@ -22,8 +22,11 @@ from typing import Any
 
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import BatchingConfig, BreakerConfig, ModelSwapConfig, Pooling
+from pyflink_aisp.inference._torch import parse_torch_device
 from pyflink_aisp.pipeline._options import (
     OPTIONS,
+    GpuProvider,
+    InferenceRuntime,
     Option,
     Runner,
     job_param_options,
@@ -85,6 +88,9 @@ class PipelineOptions:
     max_failure_rate: float | None = 0.5
     failure_window: int = 1000
     model_dir: Path | None = None
+    runtime: InferenceRuntime = InferenceRuntime.ONNX
+    device: str = "cpu"
+    onnx_provider: GpuProvider = GpuProvider.CUDA
     model_pointer: Path | None = None
     model_poll_interval_s: float = 2.0
     intra_op_threads: int = 0
@@ -121,6 +127,15 @@ class PipelineOptions:
                               f"got {self.max_failure_rate}")
         if (self.encoder_onnx is None) != (self.encoder_tokenizer is None):
             raise ConfigError("--encoder-onnx and --encoder-tokenizer go together")
+        try:
+            parse_torch_device(self.device)
+        except ConfigError as exc:
+            raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}") from exc
+        if self.encoder_onnx is not None and self.runtime is InferenceRuntime.TORCH:
+            raise ConfigError("--encoder-onnx runs on ONNX Runtime: --runtime torch does not apply to it")
+        if self.runtime is InferenceRuntime.TORCH and self.model_pointer is not None:
+            raise ConfigError("--model-pointer (hot swap) needs --runtime onnx: the torch handler "
+                              "cannot swap")
 
     # -- derived configs -----------------------------------------------------------------
 
@@ -165,6 +180,11 @@ class PipelineOptions:
         if self.onnx_spin_wait is not None:
             return self.onnx_spin_wait
         return False if self.latency_slo_ms is not None else None
+
+    @property
+    def resolved_device(self) -> str:
+        """``device`` normalised: ``"cpu"`` or ``"cuda:N"``."""
+        return parse_torch_device(self.device)
 
     @property
     def dlq(self) -> str:

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyflink_aisp.inference import ModelHandler, OnnxEncoderHandler, SentimentHandler
+from pyflink_aisp.inference import (
+    ExecutionProvider,
+    ModelHandler,
+    OnnxEncoderHandler,
+    SentimentHandler,
+    TorchSentimentHandler,
+)
 from pyflink_aisp.pipeline._config import PipelineOptions
+from pyflink_aisp.pipeline._options import GpuProvider, InferenceRuntime
 
-__all__ = ["handler_for", "model_assets"]
+__all__ = ["handler_for", "model_assets", "onnx_providers"]
 
 
 def model_assets(options: PipelineOptions) -> Any:
@@ -24,20 +31,40 @@ def model_assets(options: PipelineOptions) -> Any:
     return load_model_assets(directory) if directory is not None else ensure_model_assets()
 
 
+def onnx_providers(options: PipelineOptions) -> tuple[tuple[ExecutionProvider, ...], int | None]:
+    """ONNX Runtime execution providers and CUDA device index for ``device``:
+    CPU only for ``cpu``; for ``cuda:N`` CUDA (or TensorRT then CUDA) on device N,
+    without the CPU provider (ORT places the nodes no GPU provider takes on the
+    CPU itself; a GPU that fails to initialise fails the load, see
+    :func:`~pyflink_aisp.inference._onnx.open_session`)."""
+    device = options.resolved_device
+    if device == "cpu":
+        return (ExecutionProvider.CPU,), None
+    gpu = (ExecutionProvider.CUDA,) if options.onnx_provider is GpuProvider.CUDA else (
+        ExecutionProvider.TENSORRT, ExecutionProvider.CUDA)
+    return gpu, int(device.split(":")[1])
+
+
 def handler_for(options: PipelineOptions) -> ModelHandler[Any, Any, Any]:
-    """The handler the options name: the sentiment model on ONNX Runtime (CPU), or
-    the generic ONNX encoder of ``encoder_onnx`` + ``encoder_tokenizer``.
+    """The handler the options name: the sentiment model on ONNX Runtime or PyTorch
+    (``runtime``) on ``device``, or the generic ONNX encoder of ``encoder_onnx`` +
+    ``encoder_tokenizer``.
 
     Raises:
         ModelError: The sentiment assets cannot be found or built.
         ConfigError: Bad encoder options.
     """
     threads = options.intra_op_threads or None
+    providers, device_id = onnx_providers(options)
     if options.encoder_onnx is not None:
         assert options.encoder_tokenizer is not None  # PipelineOptions checks they go together
         return OnnxEncoderHandler(
             model_path=options.encoder_onnx, tokenizer_path=options.encoder_tokenizer,
             output=options.encoder_output, pooling=options.encoder_pooling,
-            normalize=options.encoder_normalize, intra_op_num_threads=threads)
-    return SentimentHandler(model_assets(options), intra_op_num_threads=threads,
-                            allow_spinning=options.effective_spin_wait)
+            normalize=options.encoder_normalize, intra_op_num_threads=threads,
+            providers=providers, device_id=device_id)
+    if options.runtime is InferenceRuntime.TORCH:
+        return TorchSentimentHandler(model_assets(options), device=options.resolved_device,
+                                     intra_op_num_threads=threads)
+    return SentimentHandler(model_assets(options), intra_op_num_threads=threads, providers=providers,
+                            device_id=device_id, allow_spinning=options.effective_spin_wait)

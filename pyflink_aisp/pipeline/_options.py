@@ -28,7 +28,8 @@ from typing import Any
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import Pooling
 
-__all__ = ["OPTIONS", "Option", "OptionGroup", "Runner", "option", "options_markdown", "parse_value"]
+__all__ = ["OPTIONS", "GpuProvider", "InferenceRuntime", "Option", "OptionGroup", "Runner", "option",
+           "options_markdown", "parse_value"]
 
 
 class OptionGroup(enum.StrEnum):
@@ -51,6 +52,20 @@ class Runner(enum.StrEnum):
 
     ARROW = "arrow"
     ASYNC = "async"
+
+
+class InferenceRuntime(enum.StrEnum):
+    """What runs the sentiment model (``--runtime``)."""
+
+    ONNX = "onnx"    # ONNX Runtime: CPU, CUDA or TensorRT execution provider
+    TORCH = "torch"  # PyTorch (``pip install -e .[torch]``)
+
+
+class GpuProvider(enum.StrEnum):
+    """ONNX Runtime execution provider for ``--device cuda:N`` (``--onnx-provider``)."""
+
+    CUDA = "cuda"          # CUDAExecutionProvider
+    TENSORRT = "tensorrt"  # TensorrtExecutionProvider, CUDA for the nodes TensorRT does not take
 
 
 def _finite(text: str) -> float:
@@ -239,6 +254,12 @@ OPTIONS: tuple[Option, ...] = (
        minimum=1),
     _o("model_dir", Path, None, "Built sentiment model assets (default: $AISP_MODEL_DIR, else the "
        "cached build).", M, job_param="aisp.model.dir", nullable=True),
+    _o("runtime", InferenceRuntime, InferenceRuntime.ONNX, "What runs the sentiment model: onnx (ONNX "
+       "Runtime) or torch (PyTorch, pip install -e .[torch]).", M, job_param="aisp.runtime"),
+    _o("device", str, "cpu", "Where the model runs: cpu, cuda (= cuda:0) or cuda:N; a GPU that is not usable "
+       "fails the job at start, never a silent CPU run.", M, job_param="aisp.device"),
+    _o("onnx_provider", GpuProvider, GpuProvider.CUDA, "ONNX Runtime execution provider on a GPU: cuda or "
+       "tensorrt (CUDA takes the nodes TensorRT does not).", M, job_param="aisp.onnx.provider"),
     _o("model_pointer", Path, None, "Hot swap: JSON pointer {\"path\", \"sha256\"} polled by every "
        "worker (`aisp model publish`).", M, job_param="aisp.model.pointer", nullable=True),
     _o("model_poll_interval_s", float, 2.0, "Hot swap: seconds between two reads of the pointer.", M,

@@ -12,6 +12,8 @@ the operator. :func:`preflight` checks, on the client:
   ``ServiceLoader`` file Flink's ``FactoryUtil`` reads, and its class present)
   and the Kafka client classes it loads;
 * the model files the options name are readable files / directories;
+* the model's device is usable here (``--device cuda:N``: a CUDA device N for
+  PyTorch, the CUDA/TensorRT execution provider for ONNX Runtime);
 * the workers' Python executable exists and is executable. A bare name is
   looked up on this host's ``PATH``; on a remote cluster the TaskManagers must
   have the same path (this host is all the client can check).
@@ -27,8 +29,10 @@ from urllib.parse import unquote, urlparse
 
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.pipeline._config import PipelineOptions
+from pyflink_aisp.pipeline._options import InferenceRuntime
 
-__all__ = ["KAFKA_FACTORY", "check_connector_jars", "check_model_paths", "check_python", "preflight"]
+__all__ = ["KAFKA_FACTORY", "check_connector_jars", "check_device", "check_model_paths", "check_python",
+           "nvidia_gpu_count", "preflight"]
 
 #: The table factory of ``'connector' = 'kafka'`` in flink-sql-connector-kafka (4.x, 5.x).
 KAFKA_FACTORY = "org.apache.flink.streaming.connectors.kafka.table.KafkaDynamicTableFactory"
@@ -129,6 +133,68 @@ def check_model_paths(options: PipelineOptions) -> None:
                           "`aisp model publish POINTER MODEL`)")
 
 
+def check_device(options: PipelineOptions) -> None:
+    """The model's device is usable on this host (the workers of the local cluster
+    share it; a remote cluster's TaskManagers are checked again when the model
+    loads, which also refuses an unusable GPU): never a silent CPU run.
+
+    Raises:
+        ConfigError: ``--runtime torch`` without PyTorch; ``--device cuda:N`` with
+            no CUDA device N (torch), or an onnxruntime without the CUDA/TensorRT
+            execution provider (the CPU-only build), in one line with the fix.
+    """
+    device = options.resolved_device
+    if options.runtime is InferenceRuntime.TORCH:
+        try:
+            import torch
+        except ImportError as exc:
+            raise ConfigError("--runtime torch needs PyTorch: pip install -e '.[torch]'") from exc
+        if device == "cpu":
+            return
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {options.device}: no CUDA device is usable here "
+                              "(torch.cuda.is_available() is False); use --device cpu")
+        index, count = int(device.split(":")[1]), torch.cuda.device_count()
+        if index >= count:
+            raise ConfigError(f"--device {options.device}: this host has {count} CUDA device(s) "
+                              f"(0..{count - 1})")
+        return
+    if device == "cpu":
+        return
+    import onnxruntime as ort
+
+    tensorrt = options.onnx_provider.value == "tensorrt"
+    wanted = "TensorrtExecutionProvider" if tensorrt else "CUDAExecutionProvider"
+    available = ort.get_available_providers()
+    if wanted not in available:
+        raise ConfigError(f"--device {options.device}: this onnxruntime ({ort.__version__}) has no {wanted} "
+                          f"(available: {', '.join(available)}): install onnxruntime-gpu, use --runtime "
+                          "torch, or --device cpu")
+    count, why = nvidia_gpu_count()
+    index = int(device.split(":")[1])
+    if index >= count:
+        raise ConfigError(f"--device {options.device}: {why or f'this host has {count} NVIDIA GPU(s)'} "
+                          "(onnxruntime-gpu lists its CUDA provider even without a GPU); use --device cpu")
+
+
+def nvidia_gpu_count() -> tuple[int, str]:
+    """NVIDIA GPUs the driver shows (NVML, nvidia-ml-py), and why none when NVML fails.
+
+    Returns:
+        ``(count, "")``, or ``(0, "no NVIDIA driver here (NVML: <error>)")``.
+    """
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return 0, f"no NVIDIA driver here (NVML: {exc})"
+    try:
+        return int(pynvml.nvmlDeviceGetCount()), ""
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def check_python(executable: str) -> str:
     """The workers' Python executable as an absolute path.
 
@@ -151,4 +217,5 @@ def preflight(options: PipelineOptions, jars: list[str], python: str) -> None:
     """
     check_python(python)
     check_model_paths(options)
+    check_device(options)
     check_connector_jars(jars)

@@ -24,7 +24,12 @@ from pyflink_aisp.pipeline import (
     format_job_parameters,
     option,
 )
-from pyflink_aisp.pipeline._options import read_job_parameters, render_job_parameter
+from pyflink_aisp.pipeline._options import (
+    GpuProvider,
+    InferenceRuntime,
+    read_job_parameters,
+    render_job_parameter,
+)
 
 BASE = ["--input-topic", "in", "--output-topic", "out"]
 
@@ -113,6 +118,7 @@ def _non_default(tmp_path: Path) -> PipelineOptions:
         encoder_onnx=tmp_path / "e.onnx", encoder_tokenizer=tmp_path / "tokenizer.json",
         encoder_output="last_hidden_state", encoder_pooling=Pooling.CLS, encoder_normalize=True,
         stats_dir=tmp_path / "s", onnx_spin_wait=False, max_failure_rate=0.25, failure_window=40,
+        device="cuda:1", onnx_provider=GpuProvider.TENSORRT,
     )
 
 
@@ -121,12 +127,20 @@ def test_every_job_parameter_round_trips(tmp_path: Path) -> None:
     params = options.job_parameters()
     assert set(params) == {o.job_param for o in OPTIONS if o.job_param is not None}
     for opt in OPTIONS:  # every job parameter differs from its default here, so each is exercised
-        if opt.job_param is not None:
+        if opt.job_param is not None and opt.name != "runtime":  # torch excludes the encoder: below
             assert getattr(options, opt.name) != opt.default, opt.name
     assert all(isinstance(v, str) for v in params.values())
     assert PipelineOptions.from_job_parameters(get_from(params)) == options
     # through the JSON of pipeline.global-job-parameters too
     assert PipelineOptions.from_job_parameters(get_from(json.loads(format_job_parameters(params)))) == options
+
+
+def test_the_runtime_job_parameter_round_trips() -> None:
+    options = PipelineOptions(runtime=InferenceRuntime.TORCH, device="cuda")
+    params = options.job_parameters()
+    assert (params["aisp.runtime"], params["aisp.device"]) == ("torch", "cuda")
+    assert PipelineOptions.from_job_parameters(get_from(params)) == options
+    assert options.resolved_device == "cuda:0"
 
 
 def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
@@ -140,6 +154,9 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.latency-slo-ms": "none",
         "aisp.breaker.max-failure-rate": "0.5",
         "aisp.breaker.window": "1000",
+        "aisp.runtime": "onnx",
+        "aisp.device": "cpu",
+        "aisp.onnx.provider": "cuda",
         "aisp.model.poll-interval-s": "2.0",
         "aisp.onnx.intra-op-threads": "0",
         "aisp.onnx.spin-wait": "none",

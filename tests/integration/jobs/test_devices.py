@@ -1,0 +1,35 @@
+"""Runtime and device selection through the main job on a real broker and MiniCluster (issue 10.1)."""
+
+import json
+
+import pytest
+
+from pyflink_aisp.datasets import load_rotten_tomatoes
+from pyflink_aisp.inference import OnnxSentimentModel, TorchSentimentHandler
+from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
+from pyflink_aisp.pipeline import PipelineOptions
+from pyflink_aisp.pipeline.flink import build_pipeline, make_environment
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("operator", ["arrow", "async"])
+def test_the_torch_runtime_scores_like_onnx_in_the_job(operator, kafka_bootstrap, topic, model_assets):
+    reviews = load_rotten_tomatoes()[200:240]
+    t_in, t_out = topic("in"), topic("out")
+    create_topics(kafka_bootstrap, [t_in])
+    records = [{"id": r.id, "text": r.text} for r in reviews]
+    assert ingest_records(kafka_bootstrap, t_in, records, progress=False).delivered == len(reviews)
+    options = PipelineOptions.from_args([
+        "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
+        "--mode", "batch", "--model-dir", str(model_assets.directory), "--runtime", "torch",
+        "--device", "cpu", "--operator", operator])
+    build_pipeline(make_environment(options), options).wait()
+    out = {d["id"]: d for d in (json.loads(m.value()) for m in read_topic(kafka_bootstrap, t_out,
+                                                                           min_count=len(reviews)))}
+    scores, _ = OnnxSentimentModel(model_assets).predict([r.text for r in reviews])
+    version = TorchSentimentHandler(model_assets).model_version()
+    assert set(out) == {r.id for r in reviews}
+    for r, score in zip(reviews, scores, strict=True):
+        assert out[r.id]["score"] == pytest.approx(float(score), abs=1e-5)
+        assert out[r.id]["model_sha256"] == version != model_assets.sha256
