@@ -42,6 +42,8 @@ from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizedBatch, T
 __all__ = [
     "HEAD_COEF",
     "HEAD_INTERCEPT",
+    "PRECISIONS",
+    "PRECISION_TOLERANCE",
     "TorchSentimentHandler",
     "TorchSentimentModel",
     "parse_torch_device",
@@ -60,6 +62,11 @@ _SKIPPED_KEYS = re.compile(r"pooler\..*|embeddings\.position_ids")
 _DEVICE_RE = re.compile(r"cpu|cuda(?::(\d+))?")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _VERSION_TAG = "pyflink-aisp/torch-sentiment/1"
+#: Encoder precisions of the torch handler (``torch.autocast`` dtypes besides float32).
+PRECISIONS = ("fp32", "fp16", "bf16")
+#: Most |score difference| from float32 a reduced precision may show on the probe set
+#: at load. Measured on an H200 (issue 10): bf16 moved scores by <= 9e-3 over 1,024 reviews.
+PRECISION_TOLERANCE = 2e-2
 _INSTALL_HINT = "pip install 'pyflink-aisp[torch]'"
 
 
@@ -189,6 +196,9 @@ class TorchSentimentModel:
         tokenizer: Tokenizer of the model (padded int64 batches).
         device: Normalised device name (``"cpu"``, ``"cuda:N"``).
         batch_size: Texts per forward pass inside :meth:`predict`.
+        precision: ``"fp32"``, or ``"fp16"`` / ``"bf16"``: the encoder runs under
+            ``torch.autocast`` with that dtype (matmuls in reduced precision,
+            reductions in float32); pooling, normalisation and the head stay float32.
     """
 
     def __init__(
@@ -200,9 +210,13 @@ class TorchSentimentModel:
         *,
         device: str,
         batch_size: int,
+        precision: str = "fp32",
     ) -> None:
         import torch
 
+        if precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+        self.precision = precision
         self.encoder: Any = encoder
         self.tokenizer = tokenizer
         self.device = device
@@ -270,7 +284,13 @@ class TorchSentimentModel:
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         """One padded ``(batch, seq_len)`` int64 batch → host ``(scores, embeddings)``."""
         inputs = {k: torch.from_numpy(v).to(self._torch_device) for k, v in padded.model_inputs().items()}
-        hidden = self.encoder(**inputs).last_hidden_state  # (batch, seq, hidden) float32
+        if self.precision == "fp32":
+            hidden = self.encoder(**inputs).last_hidden_state  # (batch, seq, hidden) float32
+        else:
+            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+            with torch.autocast(device_type=self._torch_device.type, dtype=dtype):
+                hidden = self.encoder(**inputs).last_hidden_state
+            hidden = hidden.float()
         mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         mean = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
         embedding = torch.nn.functional.normalize(mean, p=2.0, dim=1, eps=1e-12)
@@ -287,6 +307,34 @@ class TorchSentimentModel:
         if self.device.startswith("cuda") and torch.cuda.is_available():
             with torch.cuda.device(self._torch_device):
                 torch.cuda.empty_cache()
+
+
+def _check_precision(model: TorchSentimentModel) -> None:
+    """Score the probe set in the model's precision and in float32; refuse a gap over
+    :data:`PRECISION_TOLERANCE` (or a failing probe).
+
+    Raises:
+        ModelError: The reduced precision fails to run or moves a probe's score too far.
+    """
+    from pyflink_aisp.inference._probe import SWAP_PROBE_TEXTS, check_probe_outputs
+
+    texts = list(SWAP_PROBE_TEXTS)
+    precision = model.precision
+    try:
+        reduced, embeddings = model.predict(texts)
+        model.precision = "fp32"
+        full, _ = model.predict(texts)
+    except Exception as exc:  # torch raises its own types for an unsupported dtype on a device
+        raise ModelError(f"precision {precision} does not run on {model.device}: {type(exc).__name__}: "
+                         f"{str(exc)[:300]}") from exc
+    finally:
+        model.precision = precision
+    check_probe_outputs(reduced, embeddings, embedding_dim=model.embedding_dim,
+                        source=f"torch encoder ({precision})")
+    gap = float(np.abs(reduced.astype(np.float64) - full).max())
+    if not gap <= PRECISION_TOLERANCE:
+        raise ModelError(f"precision {precision} moves probe scores by {gap:.3g} from float32 "
+                         f"(> {PRECISION_TOLERANCE:g}); use --precision fp32")
 
 
 class TorchSentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPrediction, TorchSentimentModel]):
@@ -320,6 +368,11 @@ class TorchSentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPred
             manifest's ``inputs.weights.sha256``.
         verify: Check ``model.onnx`` and ``tokenizer.json`` against the assets'
             sha256 at load (the weights are always checked).
+        precision: ``"fp32"`` (default), ``"fp16"`` or ``"bf16"`` (``torch.autocast``
+            around the encoder). A reduced precision is part of the model version
+            (``precision=<p>`` line) and is checked at load: the probe set
+            (:data:`~pyflink_aisp.inference.SWAP_PROBE_TEXTS`) must score within
+            :data:`PRECISION_TOLERANCE` of float32, else :class:`ModelError`.
 
     Raises:
         ConfigError: Bad ``device``, ``batch_size``, thread count or ``weights_sha256``.
@@ -336,7 +389,11 @@ class TorchSentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPred
         weights_dir: Path | None = None,
         weights_sha256: str | None = None,
         verify: bool = True,
+        precision: str = "fp32",
     ) -> None:
+        if precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+        self._precision = precision
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if intra_op_num_threads is not None and intra_op_num_threads < 1:
@@ -354,6 +411,8 @@ class TorchSentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPred
         tag = f"{_VERSION_TAG}\n{self._weights_sha256}\n{assets.sha256}\n"
         if self._config_sha256:  # the encoder's shape comes from config.json: part of the version
             tag += f"{self._config_sha256}\n"
+        if precision != "fp32":  # float32 versions keep the tag they always had
+            tag += f"precision={precision}\n"
         self._version = hashlib.sha256(tag.encode("utf-8")).hexdigest()
 
     def _config_digest(self) -> str | None:
@@ -396,9 +455,13 @@ class TorchSentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPred
             self._assets.tokenizer_path, TokenizerConfig(max_length=self._assets.max_length)
         )
         encoder = _load_encoder(torch, weights_dir, self._device)
-        return TorchSentimentModel(
-            encoder, coef, intercept, tokenizer, device=self._device, batch_size=self._batch_size
+        model = TorchSentimentModel(
+            encoder, coef, intercept, tokenizer, device=self._device, batch_size=self._batch_size,
+            precision=self._precision,
         )
+        if self._precision != "fp32":
+            _check_precision(model)
+        return model
 
     def _resolve_weights_dir(self) -> Path:
         if self._weights_dir is not None:
@@ -428,6 +491,11 @@ class TorchSentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPred
     def device(self) -> str:
         """The device the model runs on: ``"cpu"`` or ``"cuda:N"``."""
         return self._device
+
+    @property
+    def precision(self) -> str:
+        """``"fp32"``, ``"fp16"`` or ``"bf16"``."""
+        return self._precision
 
     def release_model(self, model: TorchSentimentModel) -> None:
         """Drop the model's tensors; on CUDA also ``torch.cuda.empty_cache()``."""

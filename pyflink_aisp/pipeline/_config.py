@@ -28,6 +28,7 @@ from pyflink_aisp.pipeline._options import (
     GpuProvider,
     InferenceRuntime,
     Option,
+    Precision,
     Runner,
     job_param_options,
     read_job_parameters,
@@ -90,6 +91,7 @@ class PipelineOptions:
     model_dir: Path | None = None
     runtime: InferenceRuntime = InferenceRuntime.ONNX
     device: str = "cpu"
+    precision: Precision = Precision.FP32
     onnx_provider: GpuProvider = GpuProvider.CUDA
     model_pointer: Path | None = None
     model_poll_interval_s: float = 2.0
@@ -133,6 +135,9 @@ class PipelineOptions:
             raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}") from exc
         if self.encoder_onnx is not None and self.runtime is InferenceRuntime.TORCH:
             raise ConfigError("--encoder-onnx runs on ONNX Runtime: --runtime torch does not apply to it")
+        if self.precision is not Precision.FP32 and self.runtime is not InferenceRuntime.TORCH:
+            raise ConfigError(f"--precision {self.precision.value} needs --runtime torch (no "
+                              "reduced-precision ONNX model is built)")
         if self.runtime is InferenceRuntime.TORCH and self.model_pointer is not None:
             raise ConfigError("--model-pointer (hot swap) needs --runtime onnx: the torch handler "
                               "cannot swap")

@@ -65,6 +65,6 @@ def handler_for(options: PipelineOptions) -> ModelHandler[Any, Any, Any]:
             providers=providers, device_id=device_id)
     if options.runtime is InferenceRuntime.TORCH:
         return TorchSentimentHandler(model_assets(options), device=options.resolved_device,
-                                     intra_op_num_threads=threads)
+                                     intra_op_num_threads=threads, precision=options.precision.value)
     return SentimentHandler(model_assets(options), intra_op_num_threads=threads, providers=providers,
                             device_id=device_id, allow_spinning=options.effective_spin_wait)

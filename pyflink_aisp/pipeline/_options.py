@@ -28,8 +28,8 @@ from typing import Any
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import Pooling
 
-__all__ = ["OPTIONS", "GpuProvider", "InferenceRuntime", "Option", "OptionGroup", "Runner", "option",
-           "options_markdown", "parse_value"]
+__all__ = ["OPTIONS", "GpuProvider", "InferenceRuntime", "Option", "OptionGroup", "Precision", "Runner",
+           "option", "options_markdown", "parse_value"]
 
 
 class OptionGroup(enum.StrEnum):
@@ -59,6 +59,14 @@ class InferenceRuntime(enum.StrEnum):
 
     ONNX = "onnx"    # ONNX Runtime: CPU, CUDA or TensorRT execution provider
     TORCH = "torch"  # PyTorch (``pip install -e .[torch]``)
+
+
+class Precision(enum.StrEnum):
+    """Encoder precision of the torch runtime (``--precision``)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
 
 
 class GpuProvider(enum.StrEnum):
@@ -258,6 +266,9 @@ OPTIONS: tuple[Option, ...] = (
        "Runtime) or torch (PyTorch, pip install -e .[torch]).", M, job_param="aisp.runtime"),
     _o("device", str, "cpu", "Where the model runs: cpu, cuda (= cuda:0) or cuda:N; a GPU that is not usable "
        "fails the job at start, never a silent CPU run.", M, job_param="aisp.device"),
+    _o("precision", Precision, Precision.FP32, "Encoder precision (--runtime torch): fp32, fp16 or bf16 "
+       "(torch.autocast; checked at load against fp32 on a probe set, part of the model version).", M,
+       job_param="aisp.precision"),
     _o("onnx_provider", GpuProvider, GpuProvider.CUDA, "ONNX Runtime execution provider on a GPU: cuda or "
        "tensorrt (CUDA takes the nodes TensorRT does not).", M, job_param="aisp.onnx.provider"),
     _o("model_pointer", Path, None, "Hot swap: JSON pointer {\"path\", \"sha256\"} polled by every "

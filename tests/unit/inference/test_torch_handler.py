@@ -205,3 +205,43 @@ def test_release_model_drops_the_encoder(handler: TorchSentimentHandler) -> None
     assert model.encoder is None
     with pytest.raises(ModelError, match="release_model"):
         model.predict(["ok"])
+
+
+# -- reduced precision (issue 10.3): torch.autocast, checked at load, part of the version -----------
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reduced_precision_stays_within_the_tolerance_of_fp32_on_real_reviews(
+    model_assets: ModelAssets, reviews: list[str], torch_model: TorchSentimentModel, precision: str
+) -> None:
+    from pyflink_aisp.inference._torch import PRECISION_TOLERANCE
+
+    reduced = TorchSentimentHandler(model_assets, intra_op_num_threads=2, precision=precision)
+    model = reduced.load_model()  # runs the probe check against fp32
+    assert model.precision == precision
+    scores, embeddings = model.predict(reviews)
+    full, _ = torch_model.predict(reviews)
+    gap = np.abs(scores - full)
+    assert 0 < gap.max() <= PRECISION_TOLERANCE  # it does run in another precision, and stays close
+    assert int(((scores >= 0.5) != (full >= 0.5)).sum()) <= 2  # of 200 held-out reviews
+    assert embeddings.dtype == np.float32 and np.abs(np.linalg.norm(embeddings, axis=1) - 1).max() < 1e-3
+    assert reduced.model_version() != TorchSentimentHandler(model_assets).model_version()
+
+
+def test_the_precision_is_a_line_of_the_version_and_fp32_keeps_its_digest(model_assets: ModelAssets) -> None:
+    fp32 = TorchSentimentHandler(model_assets)
+    assert TorchSentimentHandler(model_assets, precision="fp32").model_version() == fp32.model_version()
+    versions = {p: TorchSentimentHandler(model_assets, precision=p).model_version() for p in ("bf16", "fp16")}
+    assert len({fp32.model_version(), *versions.values()}) == 3
+    with pytest.raises(ConfigError, match=r"precision must be one of \['fp32', 'fp16', 'bf16'\], got 'fp8'"):
+        TorchSentimentHandler(model_assets, precision="fp8")
+
+
+def test_a_precision_that_moves_scores_too_far_is_refused_at_load(
+    model_assets: ModelAssets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyflink_aisp.inference import _torch
+
+    monkeypatch.setattr(_torch, "PRECISION_TOLERANCE", 1e-9)
+    with pytest.raises(ModelError, match=r"precision bf16 moves probe scores by .* from float32 \(> 1e-09\)"):
+        TorchSentimentHandler(model_assets, intra_op_num_threads=2, precision="bf16").load_model()

@@ -10,7 +10,7 @@ from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import ExecutionProvider, SentimentHandler, TorchSentimentHandler
 from pyflink_aisp.pipeline import PipelineOptions
 from pyflink_aisp.pipeline._handlers import handler_for, onnx_providers
-from pyflink_aisp.pipeline._options import GpuProvider, InferenceRuntime
+from pyflink_aisp.pipeline._options import GpuProvider, InferenceRuntime, Precision
 from pyflink_aisp.pipeline._preflight import check_device, nvidia_gpu_count
 
 BASE = ["--input-topic", "i", "--output-topic", "o"]
@@ -30,6 +30,8 @@ def test_a_bad_device_exits_2_naming_the_flag(device: str, capsys) -> None:
     (["--runtime", "torch", "--model-pointer", "p.json"], "--model-pointer (hot swap) needs --runtime onnx"),
     (["--runtime", "tf"], "--runtime must be one of onnx, torch"),
     (["--onnx-provider", "rocm"], "--onnx-provider must be one of cuda, tensorrt"),
+    (["--precision", "bf16"], "--precision bf16 needs --runtime torch"),
+    (["--runtime", "torch", "--precision", "fp8"], "--precision must be one of fp32, fp16, bf16"),
 ])
 def test_runtime_combinations_that_cannot_work_exit_2(flags: list[str], message: str, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
@@ -56,6 +58,8 @@ def test_handler_for_builds_the_runtime_on_the_device(model_assets, monkeypatch)
     torch_gpu = handler_for(PipelineOptions(runtime=InferenceRuntime.TORCH, device="cuda"))
     assert torch_gpu.device() == "cuda:0"
     assert torch_gpu.model_version() == torch_cpu.model_version() != onnx.model_version()
+    bf16 = handler_for(PipelineOptions(runtime=InferenceRuntime.TORCH, precision=Precision.BF16))
+    assert bf16.precision == "bf16" and bf16.model_version() != torch_cpu.model_version()
 
 
 def test_a_gpu_request_is_checked_against_this_host() -> None:

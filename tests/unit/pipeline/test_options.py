@@ -27,6 +27,7 @@ from pyflink_aisp.pipeline import (
 from pyflink_aisp.pipeline._options import (
     GpuProvider,
     InferenceRuntime,
+    Precision,
     read_job_parameters,
     render_job_parameter,
 )
@@ -127,7 +128,7 @@ def test_every_job_parameter_round_trips(tmp_path: Path) -> None:
     params = options.job_parameters()
     assert set(params) == {o.job_param for o in OPTIONS if o.job_param is not None}
     for opt in OPTIONS:  # every job parameter differs from its default here, so each is exercised
-        if opt.job_param is not None and opt.name != "runtime":  # torch excludes the encoder: below
+        if opt.job_param is not None and opt.name not in ("runtime", "precision"):  # torch only: below
             assert getattr(options, opt.name) != opt.default, opt.name
     assert all(isinstance(v, str) for v in params.values())
     assert PipelineOptions.from_job_parameters(get_from(params)) == options
@@ -136,9 +137,10 @@ def test_every_job_parameter_round_trips(tmp_path: Path) -> None:
 
 
 def test_the_runtime_job_parameter_round_trips() -> None:
-    options = PipelineOptions(runtime=InferenceRuntime.TORCH, device="cuda")
+    options = PipelineOptions(runtime=InferenceRuntime.TORCH, device="cuda", precision=Precision.BF16)
     params = options.job_parameters()
-    assert (params["aisp.runtime"], params["aisp.device"]) == ("torch", "cuda")
+    picked = (params["aisp.runtime"], params["aisp.device"], params["aisp.precision"])
+    assert picked == ("torch", "cuda", "bf16")
     assert PipelineOptions.from_job_parameters(get_from(params)) == options
     assert options.resolved_device == "cuda:0"
 
@@ -156,6 +158,7 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.breaker.window": "1000",
         "aisp.runtime": "onnx",
         "aisp.device": "cpu",
+        "aisp.precision": "fp32",
         "aisp.onnx.provider": "cuda",
         "aisp.model.poll-interval-s": "2.0",
         "aisp.onnx.intra-op-threads": "0",
