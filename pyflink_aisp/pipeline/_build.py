@@ -49,6 +49,7 @@ from pyflink_aisp.pipeline._async_op import BatchedInferenceFunction
 from pyflink_aisp.pipeline._config import PipelineOptions, flink_settings
 from pyflink_aisp.pipeline._connector import connector_jars
 from pyflink_aisp.pipeline._handlers import handler_for
+from pyflink_aisp.pipeline._identity import check_no_live_job
 from pyflink_aisp.pipeline._options import Runner
 from pyflink_aisp.pipeline._outcome import MIN_RECORD_BYTES, DeadLettered, render_dead_letter, render_scored
 from pyflink_aisp.pipeline._preflight import (
@@ -95,21 +96,27 @@ def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
     else:
         env.set_runtime_mode(RuntimeExecutionMode.STREAMING)
         env.enable_checkpointing(options.checkpoint_interval_ms, CheckpointingMode.EXACTLY_ONCE)
+    check_no_live_job(options.name, _env_config(env))
     t_env = StreamTableEnvironment.create(env)
     # Also on the table config: the Table API's Python operators (the Arrow map) read it there.
     for key, value in flink_settings(options).items():
         t_env.get_config().set(key, value)
+    t_env.get_config().set("pipeline.name", options.name)
     return t_env
+
+
+def _env_config(env: StreamExecutionEnvironment) -> dict[str, str]:
+    """The environment's effective configuration (``flink run`` options, config.yaml, ours)."""
+    from pyflink.java_gateway import get_gateway
+
+    util = get_gateway().jvm.org.apache.flink.python.util.PythonConfigUtil
+    config = util.getEnvironmentConfig(env._j_stream_execution_environment).toMap()
+    return {str(k): str(config.get(k)) for k in config.keySet()}
 
 
 def _configured_python(env: StreamExecutionEnvironment) -> str | None:
     """``python.executable`` of the environment's configuration (``-pyexec``, config.yaml), if set."""
-    from pyflink.java_gateway import get_gateway
-
-    util = get_gateway().jvm.org.apache.flink.python.util.PythonConfigUtil
-    config = util.getEnvironmentConfig(env._j_stream_execution_environment)
-    value = config.toMap().get("python.executable")
-    return str(value) if value else None
+    return _env_config(env).get("python.executable") or None
 
 
 def build_pipeline(
@@ -152,7 +159,7 @@ def build_pipeline(
                           f"below the {MIN_RECORD_BYTES} a dead letter may need: raise the topics' "
                           f"max.message.bytes to at least {MIN_RECORD_BYTES + 1024}")
     scored = _scored_table(t_env, options, servers, handler, limit)
-    prefix = options.transactional_id_prefix or options.group
+    prefix = options.transactional_prefix
     statements = t_env.create_statement_set()
     for name, topic, kind, dead in (("scores_out", options.output_topic, "scores", False),
                                     ("dlq_out", options.dlq, "dlq", True)):

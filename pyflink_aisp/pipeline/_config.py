@@ -64,6 +64,7 @@ class PipelineOptions:
     output_topic: str | None = None
     dlq_topic: str | None = None
     bootstrap_servers: str | None = None
+    job_name: str | None = None
     group_id: str | None = None
     transactional_id_prefix: str | None = None
     mode: str = "streaming"
@@ -197,9 +198,22 @@ class PipelineOptions:
         return self.dlq_topic or f"{self.output_topic}.dlq"
 
     @property
+    def name(self) -> str:
+        """The job's name (``aisp-<input-topic>-<output-topic>`` unless set): two jobs that
+        read one topic into different outputs get different names, groups and
+        transactional ids."""
+        return self.job_name or f"aisp-{self.input_topic}-{self.output_topic}"
+
+    @property
     def group(self) -> str:
-        """The consumer group (``aisp-<input-topic>`` unless set)."""
-        return self.group_id or f"aisp-{self.input_topic}"
+        """The consumer group (the job name unless set)."""
+        return self.group_id or self.name
+
+    @property
+    def transactional_prefix(self) -> str:
+        """The sinks' transactional id prefix (the job name unless set); each sink adds
+        ``-scores`` / ``-dlq``."""
+        return self.transactional_id_prefix or self.name
 
     @property
     def resolved_model_dir(self) -> Path | None:

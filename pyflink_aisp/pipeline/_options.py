@@ -209,10 +209,13 @@ OPTIONS: tuple[Option, ...] = (
     _o("dlq_topic", str, None, "Dead-letter topic (default: <output-topic>.dlq).", J),
     _o("bootstrap_servers", str, None,
        "Kafka bootstrap servers (default: $AISP_KAFKA_BOOTSTRAP, else 127.0.0.1:$AISP_KAFKA_PORT).", J),
-    _o("group_id", str, None, "Consumer group (default: aisp-<input-topic>).", J),
+    _o("job_name", str, None, "Name of the job: the Flink job name, and the consumer group and the sinks' "
+       "transactional id prefix unless set (default: aisp-<input-topic>-<output-topic>); a second live job "
+       "of that name on the cluster is refused.", J),
+    _o("group_id", str, None, "Consumer group (default: the job name).", J),
     _o("transactional_id_prefix", str, None,
        "Kafka transactional id prefix of the sinks, unique per job, stable across restarts "
-       "(default: the group id).", J),
+       "(default: the job name).", J),
     _o("mode", str, "streaming", "Flink runtime mode: streaming (unbounded, checkpoints) or batch "
        "(bounded at the latest offsets at start).", J),
     _o("startup_mode", str, None, "Kafka scan.startup.mode (default: group-offsets in streaming, "

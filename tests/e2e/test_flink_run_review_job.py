@@ -119,3 +119,27 @@ def test_flink_run_pyexec_names_the_workers_python_and_a_missing_one_is_one_line
     assert lines == ["review_sentiment: error: the workers' Python executable /nonexistent/python does not "
                      "exist: run the job with the project's Python (e.g. .venv/bin/python, or `flink run "
                      "-pyexec /abs/python`)"]
+
+
+def test_a_second_live_job_of_the_same_name_is_refused_by_flink_run(stack, model_assets):
+    """Issue 11.1: one live job per --job-name on the cluster (same group, same transactional ids)."""
+    bootstrap = str(stack.status().bootstrap_servers)
+    t_in, t_out = "e2e-name-reviews", "e2e-name-scores"
+    create_topics(bootstrap, [t_in, t_out])
+    args = ["--bootstrap-servers", bootstrap, "--input-topic", t_in, "--output-topic", t_out,
+            "--model-dir", str(model_assets.directory), "--job-name", "e2e-nightly"]
+    cmd = stack.flink_run_command(str(ROOT / "jobs" / "review_sentiment.py"), *args)
+    cmd.insert(cmd.index("run") + 1, "-d")
+    first = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    job_id = re.search(r"JobID ([0-9a-f]{32})", first.stdout).group(1)
+    try:
+        second = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
+        assert second.returncode != 0
+        lines = [line for line in (second.stdout + second.stderr).splitlines()
+                 if line.startswith("review_sentiment: error:")]
+        assert len(lines) == 1
+        assert lines[0].startswith("review_sentiment: error: a job named 'e2e-nightly' is already ")
+        assert f"(job {job_id}): stop it (`flink stop {job_id}`) or pass another --job-name" in lines[0]
+    finally:
+        subprocess.run([cmd[0], "cancel", job_id], env=stack.flink_env(), capture_output=True, timeout=120)

@@ -96,9 +96,17 @@ def test_options_are_frozen_and_keyword_only() -> None:
 def test_derived_configs_and_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     options = PipelineOptions(input_topic="in", output_topic="out", model_pointer=Path("p.json"),
                               model_poll_interval_s=0.5)
-    assert options.dlq == "out.dlq" and options.group == "aisp-in"
+    assert options.dlq == "out.dlq" and options.name == "aisp-in-out"
+    assert options.group == options.transactional_prefix == "aisp-in-out"
     assert PipelineOptions(dlq_topic="d", group_id="g").dlq == "d"
     assert PipelineOptions(dlq_topic="d", group_id="g").group == "g"
+    named = PipelineOptions(input_topic="in", output_topic="out", job_name="nightly")
+    assert (named.name, named.group, named.transactional_prefix) == ("nightly", "nightly", "nightly")
+    apart = dataclasses.replace(named, group_id="g", transactional_id_prefix="tx")
+    assert (apart.name, apart.group, apart.transactional_prefix) == ("nightly", "g", "tx")
+    # two jobs reading one topic into different outputs no longer share a group or transactional ids
+    assert PipelineOptions(input_topic="in", output_topic="a").group != PipelineOptions(
+        input_topic="in", output_topic="b").group
     assert options.swap() == ModelSwapConfig(pointer_path=Path("p.json").resolve(), poll_interval_s=0.5)
     assert PipelineOptions().swap() is None
     monkeypatch.delenv("AISP_MODEL_DIR", raising=False)
