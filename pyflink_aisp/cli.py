@@ -1,9 +1,9 @@
 """``aisp``: the command line of pyflink-aisp.
 
 Subcommands: ``local up|down|status`` (embedded Kafka broker + Flink cluster),
-``model build|publish``, ``ingest`` (real reviews → Kafka), ``demo`` (the main job end
-to end). Exit status 0 on success, 1 on a pyflink-aisp error (printed), 2 on
-bad usage.
+``model build|publish``, ``ingest`` (real reviews → Kafka), ``verify`` (two runs'
+outputs agree), ``demo`` (the main job end to end). Exit status 0 on success, 1 on
+a pyflink-aisp error (printed), 2 on bad usage, 3 when ``verify`` finds a difference.
 """
 
 from __future__ import annotations
@@ -51,6 +51,28 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     if result.first_error:
         print(f"first error: {result.first_error}", file=sys.stderr)
     return 0 if result.failed == 0 else 1
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from pyflink_aisp.alignment import compare_outputs
+    from pyflink_aisp.kafka import default_bootstrap_servers, read_topic
+
+    bootstrap = args.bootstrap_servers or default_bootstrap_servers()
+    a, b = ([bytes(m.value() or b"") for m in read_topic(bootstrap, topic, timeout_s=args.timeout_s,
+                                                          quiet_s=args.quiet_s)]
+            for topic in (args.topic_a, args.topic_b))
+    report = compare_outputs(a, b, tolerance=args.tolerance)
+    print(f"verify {args.topic_a} (a) against {args.topic_b} (b), committed records only")
+    for line in report.lines():
+        print(line)
+    return 0 if report.ok else 3
+
+
+def _tolerance(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
 
 
 def _non_negative(text: str) -> int:
@@ -105,6 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: the broker's default.replication.factor)")
     ingest.add_argument("--no-progress", action="store_true")
     ingest.set_defaults(func=_cmd_ingest)
+
+    verify = sub.add_parser("verify", help="compare two runs' output topics by id (exit 3 when they differ)")
+    verify.add_argument("topic_a", help="output topic of one run (e.g. the stream)")
+    verify.add_argument("topic_b", help="output topic of the other (e.g. a batch backfill)")
+    verify.add_argument("--bootstrap-servers", default=None,
+                        help="default: $AISP_KAFKA_BOOTSTRAP, else 127.0.0.1:$AISP_KAFKA_PORT (9092)")
+    verify.add_argument("--tolerance", type=_tolerance, default=1e-5,
+                        help="largest accepted |score difference| (default 1e-5)")
+    verify.add_argument("--timeout-s", type=float, default=60.0, help="longest read of each topic")
+    verify.add_argument("--quiet-s", type=float, default=3.0,
+                        help="a topic is read to its end once no record came for this long")
+    verify.set_defaults(func=_cmd_verify)
 
     demo = sub.add_parser("demo", help="the main job on all reviews, on the local stack")
     demo.add_argument("--runner", choices=["cluster", "local"], default="cluster",
