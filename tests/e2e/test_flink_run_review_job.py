@@ -18,6 +18,12 @@ N = 200
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _job_errors(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    """The job's own one-line errors in a `flink run`'s output (Flink's trace follows them)."""
+    return [line for line in (proc.stdout + proc.stderr).splitlines()
+            if line.startswith("review_sentiment: error:")]
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, stack_config):
     stack = LocalStack(stack_config(tmp_path_factory.mktemp("e2e")))
@@ -97,8 +103,7 @@ def test_a_missing_connector_jar_is_one_line_before_any_flink_trace(stack, model
         "--jars", "file:///nonexistent/kafka.jar", "--model-dir", str(model_assets.directory))
     proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
-    lines = [line for line in (proc.stdout + proc.stderr).splitlines()
-             if line.startswith("review_sentiment: error:")]
+    lines = _job_errors(proc)
     assert lines == ["review_sentiment: error: connector jar /nonexistent/kafka.jar does not exist: pass "
                      "--jars file:///path/flink-sql-connector-kafka-5.0.0-2.2.jar (Maven Central: "
                      "org.apache.flink:flink-sql-connector-kafka:5.0.0-2.2) or fill the dev cache with "
@@ -114,8 +119,7 @@ def test_flink_run_pyexec_names_the_workers_python_and_a_missing_one_is_one_line
     cmd[cmd.index("-pyexec") + 1] = "/nonexistent/python"
     proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
-    lines = [line for line in (proc.stdout + proc.stderr).splitlines()
-             if line.startswith("review_sentiment: error:")]
+    lines = _job_errors(proc)
     assert lines == ["review_sentiment: error: the workers' Python executable /nonexistent/python does not "
                      "exist: run the job with the project's Python (e.g. .venv/bin/python, or `flink run "
                      "-pyexec /abs/python`)"]
@@ -136,8 +140,7 @@ def test_a_second_live_job_of_the_same_name_is_refused_by_flink_run(stack, model
     try:
         second = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
         assert second.returncode != 0
-        lines = [line for line in (second.stdout + second.stderr).splitlines()
-                 if line.startswith("review_sentiment: error:")]
+        lines = _job_errors(second)
         assert len(lines) == 1
         assert lines[0].startswith("review_sentiment: error: a job named 'e2e-nightly' is already ")
         assert f"(job {job_id}): stop it (`flink stop {job_id}`) or pass another --job-name" in lines[0]
