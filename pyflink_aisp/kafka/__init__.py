@@ -25,6 +25,7 @@ from pyflink_aisp.kafka._decode import (
 from pyflink_aisp.kafka._ingest import IngestResult, ingest_records
 from pyflink_aisp.kafka._limits import sink_record_limit, topic_max_message_bytes
 from pyflink_aisp.kafka._tables import (
+    SOURCE_HEADER,
     DeliveryGuarantee,
     KafkaSinkTable,
     KafkaSourceTable,
@@ -32,6 +33,7 @@ from pyflink_aisp.kafka._tables import (
 )
 
 __all__ = [
+    "SOURCE_HEADER",
     "DeadLetter",
     "DecodedRecord",
     "DeliveryGuarantee",

@@ -22,11 +22,17 @@ from enum import StrEnum
 from pyflink_aisp.errors import ConfigError
 
 __all__ = [
+    "SOURCE_HEADER",
     "DeliveryGuarantee",
     "KafkaSinkTable",
     "KafkaSourceTable",
     "StartupMode",
 ]
+
+#: Kafka header of every output and dead letter of the packaged jobs: the input
+#: record it came from, ``<topic>/<partition>/<offset>`` (UTF-8). Manifests and
+#: ``aisp verify`` select a range's outputs by it.
+SOURCE_HEADER = "aisp.source"
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -46,6 +52,7 @@ class StartupMode(StrEnum):
     EARLIEST = "earliest-offset"
     LATEST = "latest-offset"
     GROUP_OFFSETS = "group-offsets"
+    SPECIFIC_OFFSETS = "specific-offsets"
 
 
 def _check(name: str, topic: str, bootstrap_servers: str) -> None:
@@ -80,6 +87,12 @@ class KafkaSourceTable:
             starts at the earliest offset for a group without commits
             (``properties.auto.offset.reset = earliest``). A job restored from a
             savepoint or checkpoint resumes from the offsets in its state instead.
+            ``SPECIFIC_OFFSETS`` needs ``start_offsets``.
+        start_offsets: Offset per partition where reading starts (``scan.startup.mode
+            = specific-offsets``); every partition of the topic named.
+        stop_offsets: Offset per partition where reading stops, exclusive
+            (``scan.bounded.mode = specific-offsets``): the run ends there; replaces
+            ``bounded``'s latest offsets.
     """
 
     name: str
@@ -88,11 +101,18 @@ class KafkaSourceTable:
     group_id: str
     bounded: bool = False
     startup_mode: StartupMode = StartupMode.GROUP_OFFSETS
+    start_offsets: dict[int, int] | None = None
+    stop_offsets: dict[int, int] | None = None
 
     def __post_init__(self) -> None:
         _check(self.name, self.topic, self.bootstrap_servers)
         if not self.group_id:
             raise ConfigError("group_id must not be empty")
+        if (self.startup_mode is StartupMode.SPECIFIC_OFFSETS) != (self.start_offsets is not None):
+            raise ConfigError("start_offsets go with startup_mode specific-offsets, and only with it")
+        for offsets in (self.start_offsets, self.stop_offsets):
+            if offsets is not None and (not offsets or any(p < 0 or o < 0 for p, o in offsets.items())):
+                raise ConfigError(f"offsets must name partitions and offsets >= 0, got {offsets}")
 
     def ddl(self) -> str:
         """The ``CREATE TEMPORARY TABLE`` statement."""
@@ -107,7 +127,12 @@ class KafkaSourceTable:
         }
         if self.startup_mode is StartupMode.GROUP_OFFSETS:
             options["properties.auto.offset.reset"] = "earliest"
-        if self.bounded:
+        if self.start_offsets is not None:
+            options["scan.startup.specific-offsets"] = _offsets_option(self.start_offsets)
+        if self.stop_offsets is not None:
+            options["scan.bounded.mode"] = "specific-offsets"
+            options["scan.bounded.specific-offsets"] = _offsets_option(self.stop_offsets)
+        elif self.bounded:
             options["scan.bounded.mode"] = "latest-offset"
         return (
             f"CREATE TEMPORARY TABLE `{self.name}` (\n"
@@ -117,6 +142,11 @@ class KafkaSourceTable:
             "  `offset` BIGINT METADATA VIRTUAL\n"
             f") WITH (\n  {_with(options)}\n)"
         )
+
+
+def _offsets_option(offsets: dict[int, int]) -> str:
+    """``partition:0,offset:42;partition:1,offset:7`` (the connector's specific-offsets form)."""
+    return ";".join(f"partition:{p},offset:{o}" for p, o in sorted(offsets.items()))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +162,9 @@ class KafkaSinkTable:
         transactional_id_prefix: Unique per job and sink; required for exactly-once.
         transaction_timeout_ms: Kafka producer ``transaction.timeout.ms``.
         max_request_size: Kafka producer ``max.request.size`` in bytes (Kafka's default 1 MiB).
+        with_headers: Add a writable ``headers MAP<STRING, BYTES>`` column (the
+            connector's ``headers`` metadata): the job writes each output's lineage
+            there (:data:`SOURCE_HEADER`).
     """
 
     name: str
@@ -141,6 +174,7 @@ class KafkaSinkTable:
     delivery_guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
     transaction_timeout_ms: int = 600_000
     max_request_size: int = 1_048_576
+    with_headers: bool = False
 
     def __post_init__(self) -> None:
         _check(self.name, self.topic, self.bootstrap_servers)
@@ -174,6 +208,7 @@ class KafkaSinkTable:
         return (
             f"CREATE TEMPORARY TABLE `{self.name}` (\n"
             "  `key` STRING,\n"
-            "  `value` STRING\n"
-            f") WITH (\n  {_with(options)}\n)"
+            "  `value` STRING"
+            + (",\n  `headers` MAP<STRING, BYTES> METADATA\n" if self.with_headers else "\n")
+            + f") WITH (\n  {_with(options)}\n)"
         )

@@ -5,7 +5,8 @@ scalar function used with ``Table.map`` over the Kafka source table: PyFlink
 hands it one pandas DataFrame per Arrow batch (up to
 ``python.fn-execution.arrow.batch.size`` records) with the columns ``value``
 (raw bytes), ``topic``, ``partition``, ``offset``, and takes back a DataFrame
-``key``, ``value``, ``dead`` (JSON output or dead letter; the split into the
+``key``, ``value``, ``dead``, ``source`` (JSON output or dead letter, and the input
+record's ``topic/partition/offset``, its lineage; the split into the
 two sinks happens in the JVM). Per batch: every value is JSON-decoded (bad
 ones become dead letters with their reason), the texts go to the worker's
 shared :class:`~pyflink_aisp.inference.ModelRuntime` in one
@@ -62,6 +63,7 @@ SCORED_ROW_TYPE = DataTypes.ROW([
     DataTypes.FIELD("key", DataTypes.STRING()),
     DataTypes.FIELD("value", DataTypes.STRING()),
     DataTypes.FIELD("dead", DataTypes.BOOLEAN()),
+    DataTypes.FIELD("source", DataTypes.STRING()),
 ])
 
 
@@ -131,8 +133,9 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         return lambda: self._counts[name]
 
     def eval(self, frame: Any) -> Any:
-        """``(n, 4)`` DataFrame ``value, topic, partition, offset`` → ``(n, 3)``
-        DataFrame ``key, value, dead``, in input order; never raises for a record.
+        """``(n, 4)`` DataFrame ``value, topic, partition, offset`` → ``(n, 4)``
+        DataFrame ``key, value, dead, source`` (``source``: the input record,
+        ``topic/partition/offset``), in input order; never raises for a record.
 
         Raises:
             CircuitOpenError: The circuit breaker tripped (too many inference
@@ -184,7 +187,8 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         self._record(len(decoded), len(decoded) - sum(dead), start, decoded_s, inferred_s, end)
         if self._breaker is not None:
             self._breaker.record_many(failed, len(good), last_error)
-        return pd.DataFrame({"key": keys, "value": values, "dead": dead})
+        sources = [f"{t}/{p}/{o}" for t, p, o in zip(topics, partitions, offsets, strict=True)]
+        return pd.DataFrame({"key": keys, "value": values, "dead": dead, "source": sources})
 
     def _record(self, n: int, scored: int, start: float, decoded: float, inferred: float, end: float) -> None:
         self._counts["recordsIn"] += n

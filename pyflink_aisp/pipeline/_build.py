@@ -29,12 +29,13 @@ from pyflink.datastream import (
     RuntimeExecutionMode,
     StreamExecutionEnvironment,
 )
-from pyflink.table import StreamTableEnvironment, Table, TableResult
-from pyflink.table.expressions import col, lit
+from pyflink.table import DataTypes, StreamTableEnvironment, Table, TableResult
+from pyflink.table.expressions import col, lit, map_
 
 from pyflink_aisp.errors import ConfigError, KafkaError
 from pyflink_aisp.inference import ModelHandler
 from pyflink_aisp.kafka import (
+    SOURCE_HEADER,
     KafkaSinkTable,
     KafkaSourceTable,
     StartupMode,
@@ -64,7 +65,9 @@ __all__ = ["SCORED_TYPE", "build_pipeline", "make_environment"]
 _DEFAULT_STARTUP = {"batch": StartupMode.EARLIEST, "streaming": StartupMode.GROUP_OFFSETS}
 
 #: Output of the async inference step: Kafka key and value, and whether it is a dead letter.
-SCORED_TYPE = Types.ROW_NAMED(["key", "value", "dead"], [Types.STRING(), Types.STRING(), Types.BOOLEAN()])
+#: ``source``: the input record, ``topic/partition/offset`` (written as the :data:`SOURCE_HEADER`).
+SCORED_TYPE = Types.ROW_NAMED(["key", "value", "dead", "source"],
+                              [Types.STRING(), Types.STRING(), Types.BOOLEAN(), Types.STRING()])
 
 
 def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
@@ -165,9 +168,10 @@ def build_pipeline(
                                     ("dlq_out", options.dlq, "dlq", True)):
         sink = KafkaSinkTable(name=name, topic=topic, bootstrap_servers=servers,
                               transactional_id_prefix=f"{prefix}-{kind}",
-                              max_request_size=options.max_request_size)
+                              max_request_size=options.max_request_size, with_headers=True)
         t_env.execute_sql(sink.ddl())
-        rows = scored.where(col("dead") == lit(dead)).select(col("key"), col("value"))
+        lineage = map_(lit(SOURCE_HEADER), col("source").cast(DataTypes.BYTES()))
+        rows = scored.where(col("dead") == lit(dead)).select(col("key"), col("value"), lineage)
         statements.add_insert(name, rows)
     return statements.execute()
 
@@ -186,7 +190,7 @@ def _scored_table(
         function = ArrowInferenceFunction(handler, batching=options.batching(), swap=options.swap(),
                                           with_embedding=options.with_embedding,
                                           max_record_bytes=max_record_bytes, breaker=options.breaker())
-        return raw.map(arrow_inference_udf(function)).alias("key", "value", "dead")
+        return raw.map(arrow_inference_udf(function)).alias("key", "value", "dead", "source")
     scorer = BatchedInferenceFunction(
         handler, batching=options.batching(), prepare=decode_row, extract=_text,
         emit=_async_output(options.with_embedding, max_record_bytes),
@@ -197,6 +201,10 @@ def _scored_table(
     return t_env.from_data_stream(stream)
 
 
+def _source(topic: Any, partition: Any, offset: Any) -> str:
+    return f"{topic}/{partition}/{offset}"
+
+
 def _text(record: Row) -> str:
     return str(record[1])
 
@@ -205,7 +213,7 @@ def _async_output(with_embedding: bool, max_record_bytes: int) -> Any:
     def emit(record: Row, prediction: Any, version: str) -> Row:
         value = render_scored(record[0], prediction, version, with_embedding=with_embedding,
                               max_record_bytes=max_record_bytes)
-        return Row(key=record[0], value=value, dead=False)
+        return Row(key=record[0], value=value, dead=False, source=_source(record[2], record[3], record[4]))
 
     return emit
 
@@ -214,13 +222,14 @@ def _async_dead_letter(max_record_bytes: int) -> Any:
     def dead_letter(raw: Row, error: BaseException) -> Row:
         """A DLQ row for a raw Kafka row ``(value, topic, partition, offset)``: its decode
         dead letter, or the dead letter of its failed, timed-out or oversized inference."""
+        source = _source(raw[1], raw[2], raw[3])
         if isinstance(error, UndecodableRecord):
             key, value = render_dead_letter(error.letter.outcome(), max_record_bytes)
-            return Row(key=key, value=value, dead=True)
+            return Row(key=key, value=value, dead=True, source=source)
         record = decode_row(raw)  # it decoded before, or inference would not have run
         letter = DeadLettered.of_error(error, id=record[0], topic=record[2], partition=record[3],
                                        offset=record[4], value=None if raw[0] is None else bytes(raw[0]))
         key, value = render_dead_letter(letter, max_record_bytes)
-        return Row(key=key, value=value, dead=True)
+        return Row(key=key, value=value, dead=True, source=source)
 
     return dead_letter

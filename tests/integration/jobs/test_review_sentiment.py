@@ -98,6 +98,19 @@ def test_scores_every_review_once_and_dead_letters_bad_records(
     assert all(d["topic"] == t_in and d["partition"] == 0 and d["id"] is None for d in letters)
     assert [d["value_truncated"] for d in letters].count(True) == 1
 
+    # lineage: every output and dead letter names its input record in the aisp.source header
+    good_offsets = sorted(set(range(N_GOOD + len(bad_offsets))) - set(bad_offsets))
+    assert sorted(_source_offset(m, t_in) for m in out) == good_offsets
+    assert [_source_offset(m, t_in) for m in dlq] == [d["offset"] for d in letters]
+
+
+def _source_offset(message, input_topic):
+    (name, value), = message.headers()
+    assert name == "aisp.source"
+    topic, partition, offset = value.decode().split("/")
+    assert (topic, partition) == (input_topic, "0")
+    return int(offset)
+
 
 def test_embedding_flag_adds_the_384_float_embedding(
     kafka_bootstrap, topic, model_assets, reviews
