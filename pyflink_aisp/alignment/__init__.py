@@ -1,13 +1,39 @@
-"""Stream/batch alignment: prove that two runs of a job over the same input agree.
+"""Stream/batch alignment: one job, two modes, proven equal. PyFlink-free.
 
-:func:`compare_outputs` compares the output records of two runs (e.g. a BATCH
-backfill and the STREAMING job over the same range) by id; :func:`multiset_digest`
-is an order-independent digest of a run's output records. ``aisp verify`` reads
-two output topics and runs the comparison. PyFlink-free.
+* Ranges (:func:`resolve_range`, :func:`parse_bound`): ``[start, end)`` per
+  partition from offsets, timestamps, the last stable offset, a consumer group,
+  a streaming job's last completed checkpoint (:func:`checkpoint_offsets`) or a
+  manifest, checked against the topic before a job starts.
+* Manifests (:class:`RunManifest`, :func:`summarize_outputs`): what a run read,
+  with which model, and the counts and order-independent digests of what it wrote,
+  found by each output's lineage header.
+* Verification (:func:`compare_outputs`, :func:`multiset_digest`): two runs'
+  outputs agree by id (label, model version, score within a tolerance).
 """
 
 from __future__ import annotations
 
+from pyflink_aisp.alignment._checkpoint import CheckpointPosition, checkpoint_offsets, job_id_named
+from pyflink_aisp.alignment._manifest import (
+    OutcomeTracker,
+    OutputSummary,
+    RunManifest,
+    code_version,
+    file_sha256,
+    read_range,
+    summarize_outputs,
+)
+from pyflink_aisp.alignment._ranges import (
+    Bound,
+    BoundKind,
+    PartitionRange,
+    TopicOffsets,
+    TopicRange,
+    parse_bound,
+    resolve_bound,
+    resolve_range,
+    topic_offsets,
+)
 from pyflink_aisp.alignment._verify import (
     DEFAULT_SCORE_TOLERANCE,
     ScoreDiff,
@@ -16,4 +42,29 @@ from pyflink_aisp.alignment._verify import (
     multiset_digest,
 )
 
-__all__ = ["DEFAULT_SCORE_TOLERANCE", "ScoreDiff", "VerifyReport", "compare_outputs", "multiset_digest"]
+__all__ = [
+    "DEFAULT_SCORE_TOLERANCE",
+    "Bound",
+    "BoundKind",
+    "CheckpointPosition",
+    "OutcomeTracker",
+    "OutputSummary",
+    "PartitionRange",
+    "RunManifest",
+    "ScoreDiff",
+    "TopicOffsets",
+    "TopicRange",
+    "VerifyReport",
+    "checkpoint_offsets",
+    "code_version",
+    "compare_outputs",
+    "file_sha256",
+    "job_id_named",
+    "multiset_digest",
+    "parse_bound",
+    "read_range",
+    "resolve_bound",
+    "resolve_range",
+    "summarize_outputs",
+    "topic_offsets",
+]

@@ -20,6 +20,7 @@ from pyflink_aisp.pipeline._config import (
 from pyflink_aisp.pipeline._connector import CONNECTOR_JARS_ENV, connector_jars
 from pyflink_aisp.pipeline._options import OPTIONS, Option, OptionGroup, Runner, option
 from pyflink_aisp.pipeline._outcome import MAX_DEAD_LETTER_VALUE_BYTES, DeadLettered, Reason, reason_of
+from pyflink_aisp.pipeline._plan import InputPlan, plan_input, rest_url
 
 __all__ = [
     "CONNECTOR_JARS_ENV",
@@ -27,6 +28,7 @@ __all__ = [
     "MODEL_DIR_ENV",
     "OPTIONS",
     "DeadLettered",
+    "InputPlan",
     "Option",
     "OptionGroup",
     "PipelineOptions",
@@ -37,5 +39,7 @@ __all__ = [
     "flink_settings",
     "format_job_parameters",
     "option",
+    "plan_input",
     "reason_of",
+    "rest_url",
 ]

@@ -53,6 +53,7 @@ from pyflink_aisp.pipeline._handlers import handler_for
 from pyflink_aisp.pipeline._identity import check_no_live_job
 from pyflink_aisp.pipeline._options import Runner
 from pyflink_aisp.pipeline._outcome import MIN_RECORD_BYTES, DeadLettered, render_dead_letter, render_scored
+from pyflink_aisp.pipeline._plan import InputPlan, plan_input
 from pyflink_aisp.pipeline._preflight import (
     check_connector_jars,
     check_device,
@@ -126,6 +127,8 @@ def build_pipeline(
     t_env: StreamTableEnvironment,
     options: PipelineOptions,
     handler: ModelHandler[Any, Any, Any] | None = None,
+    *,
+    plan: InputPlan | None = None,
 ) -> TableResult:
     """Declare the Kafka tables, build the job graph and submit it.
 
@@ -133,13 +136,16 @@ def build_pipeline(
         t_env: From :func:`make_environment` (or any table environment set up alike).
         options: Topics, mode, operator, batching, model.
         handler: Replaces the handler the options name (a user's own handler).
+        plan: Where the source starts and stops (default: :func:`plan_input` of
+            ``options`` now); pass the one a manifest will record.
 
     Returns:
         The submitted job's ``TableResult`` (``.wait()`` for a bounded run;
         ``.get_job_client().cancel()`` to stop a streaming one).
 
     Raises:
-        ConfigError: No input or output topic.
+        ConfigError: No input or output topic, or a range bound that does not fit the
+            topic (:func:`~pyflink_aisp.alignment.resolve_range`).
         KafkaError: The broker is unreachable or the input topic does not exist.
         ModelError: The model assets cannot be found or built.
     """
@@ -161,7 +167,8 @@ def build_pipeline(
                           "--max-request-size, less 1 KiB), "
                           f"below the {MIN_RECORD_BYTES} a dead letter may need: raise the topics' "
                           f"max.message.bytes to at least {MIN_RECORD_BYTES + 1024}")
-    scored = _scored_table(t_env, options, servers, handler, limit)
+    plan = plan or plan_input(options)
+    scored = _scored_table(t_env, options, servers, handler, limit, plan)
     prefix = options.transactional_prefix
     statements = t_env.create_statement_set()
     for name, topic, kind, dead in (("scores_out", options.output_topic, "scores", False),
@@ -178,12 +185,15 @@ def build_pipeline(
 
 def _scored_table(
     t_env: StreamTableEnvironment, options: PipelineOptions, servers: str,
-    handler: ModelHandler[Any, Any, Any], max_record_bytes: int,
+    handler: ModelHandler[Any, Any, Any], max_record_bytes: int, plan: InputPlan,
 ) -> Table:
-    """Source → decode + inference: a table ``(key, value, dead)``."""
+    """Source → decode + inference: a table ``(key, value, dead, source)``."""
     startup = StartupMode(options.startup_mode) if options.startup_mode else _DEFAULT_STARTUP[options.mode]
+    if plan.starts is not None:
+        startup = StartupMode.SPECIFIC_OFFSETS
     source = KafkaSourceTable(name="records_in", topic=str(options.input_topic), bootstrap_servers=servers,
-                              group_id=options.group, bounded=options.mode == "batch", startup_mode=startup)
+                              group_id=options.group, bounded=options.mode == "batch", startup_mode=startup,
+                              start_offsets=plan.starts, stop_offsets=plan.span.ends if plan.span else None)
     t_env.execute_sql(source.ddl())
     raw = t_env.from_path("records_in")
     if options.operator is Runner.ARROW:

@@ -69,6 +69,10 @@ class PipelineOptions:
     transactional_id_prefix: str | None = None
     mode: str = "streaming"
     startup_mode: str | None = None
+    range_start: str | None = None
+    range_end: str | None = None
+    manifest_dir: Path | None = None
+    flink_rest_url: str | None = None
     checkpoint_interval_ms: int = 5000
     parallelism: int = 1
     jars: str | None = None
@@ -115,6 +119,16 @@ class PipelineOptions:
         if self.startup_mode is not None and self.startup_mode not in _STARTUP_MODES:
             raise ConfigError(f"--startup-mode must be one of {list(_STARTUP_MODES)}, "
                               f"got {self.startup_mode!r}")
+        if self.startup_mode is not None and self.range_start is not None:
+            raise ConfigError("--range-start and --startup-mode both say where reading starts: give one")
+        from pyflink_aisp.alignment import parse_bound
+
+        for flag, bound in (("--range-start", self.range_start), ("--range-end", self.range_end)):
+            if bound is not None:
+                try:
+                    parse_bound(bound)
+                except ConfigError as exc:
+                    raise ConfigError(f"{flag}: {exc}") from None
         self.batching()  # validate the batching knobs before any JVM or broker is touched
         if self.operator is Runner.ASYNC and self.capacity < self.max_batch_size:
             raise ConfigError(f"--capacity ({self.capacity}) must be >= --max-batch-size "

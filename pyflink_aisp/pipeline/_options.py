@@ -220,6 +220,15 @@ OPTIONS: tuple[Option, ...] = (
        "(bounded at the latest offsets at start).", J),
     _o("startup_mode", str, None, "Kafka scan.startup.mode (default: group-offsets in streaming, "
        "earliest-offset in batch).", J),
+    _o("range_start", str, None, "Where reading starts: earliest, latest, timestamp:T, offsets:P=O,..., "
+       "group:G, checkpoint:JOB (a streaming job's last completed checkpoint) or manifest:PATH (where a "
+       "run ended); checked against the topic before the job starts (default: --startup-mode).", J),
+    _o("range_end", str, None, "Where reading stops, exclusive, in the same forms (batch default: latest, "
+       "the last stable offset at start; streaming default: no end).", J),
+    _o("manifest_dir", Path, None, "Write run manifests (JSON) here: at the end of a batch run, and for "
+       "each completed checkpoint of a stream while the submitting client runs attached.", J),
+    _o("flink_rest_url", str, None, "Flink REST API for checkpoint:JOB bounds and stream manifests "
+       "(default: the cluster flink run submits to, else http://127.0.0.1:$AISP_FLINK_REST_PORT).", J),
     _o("checkpoint_interval_ms", int, 5000, "Checkpoint interval (streaming); transactions commit on "
        "each checkpoint.", J, unit="ms", minimum=1),
     _o("parallelism", int, 1, "Parallelism of the job.", J, minimum=1),

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pyflink_aisp.pipeline._arrow_op import SCORED_ROW_TYPE, ArrowInferenceFunction, arrow_inference_udf
 from pyflink_aisp.pipeline._async_op import BatchedInferenceFunction
 from pyflink_aisp.pipeline._build import SCORED_TYPE, build_pipeline, make_environment
+from pyflink_aisp.pipeline._run import model_files, run_job
 
 __all__ = [
     "SCORED_ROW_TYPE",
@@ -20,4 +21,6 @@ __all__ = [
     "arrow_inference_udf",
     "build_pipeline",
     "make_environment",
+    "model_files",
+    "run_job",
 ]

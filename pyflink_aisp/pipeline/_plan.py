@@ -1,0 +1,123 @@
+"""Where a job's Kafka source starts and stops: the options' range, resolved once.
+
+A BATCH run always reads a resolved range (``--range-start``, default from
+``--startup-mode``: earliest; ``--range-end``, default ``latest``, the last
+stable offset at start), handed to the source as specific offsets, so its
+manifest records exactly what it read. A stream starts at ``--range-start``
+when given (e.g. ``manifest:PATH``: where a batch run ended), else by its
+startup mode (the group's committed offsets, earliest for a new group), and
+stops only with ``--range-end``. PyFlink-free.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.pipeline._config import PipelineOptions
+
+if TYPE_CHECKING:  # pyflink_aisp.alignment imports pyflink_aisp.kafka, which imports this package
+    from pyflink_aisp.alignment import TopicOffsets, TopicRange
+
+__all__ = ["InputPlan", "plan_input", "rest_url"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputPlan:
+    """The source's offsets.
+
+    Attributes:
+        starts: Offset per partition where reading starts (``specific-offsets``),
+            or None for the startup mode's.
+        span: The bounded range read (always in BATCH mode), or None (a stream without end).
+        stream_starts: Where a stream starts (resolved now; its manifests count
+            from there), None in BATCH mode.
+    """
+
+    starts: dict[int, int] | None = None
+    span: TopicRange | None = None
+    stream_starts: dict[int, int] | None = None
+
+
+def rest_url(options: PipelineOptions, config: Mapping[str, str] | None = None) -> str:
+    """The Flink REST API for ``checkpoint:JOB`` bounds and stream manifests:
+    ``--flink-rest-url``, else the cluster ``flink run`` submits to (``rest.address``
+    / ``rest.port`` of ``config``), else ``http://127.0.0.1:$AISP_FLINK_REST_PORT`` (8081)."""
+    if options.flink_rest_url:
+        return options.flink_rest_url.rstrip("/")
+    if config and config.get("execution.target") == "remote":
+        address = config.get("rest.address") or config.get("jobmanager.rpc.address") or "localhost"
+        return f"http://{address}:{config.get('rest.port', '8081')}"
+    return f"http://127.0.0.1:{os.environ.get('AISP_FLINK_REST_PORT', '8081')}"
+
+
+def _group_or_earliest(servers: str, group: str, offsets: TopicOffsets) -> dict[int, int]:
+    """The group's committed offsets; the log start where it committed none (a new group)."""
+    from pyflink_aisp.alignment import Bound, BoundKind, resolve_bound
+
+    try:
+        return resolve_bound(Bound(kind=BoundKind.GROUP, arg=group), servers, offsets)
+    except ConfigError:
+        return dict(offsets.earliest)
+
+
+def plan_input(options: PipelineOptions, *, config: Mapping[str, str] | None = None) -> InputPlan:
+    """Resolve the options' range against the input topic now.
+
+    Args:
+        options: ``input_topic``, ``mode``, ``range_start`` / ``range_end``,
+            ``startup_mode``, ``group``.
+        config: The Flink environment's configuration (finds the REST API of
+            ``checkpoint:JOB`` bounds; see :func:`rest_url`).
+
+    Raises:
+        ConfigError: A bound does not fit the topic (unknown or missing partition,
+            start after end, below the log start offset, beyond the last stable offset),
+            or names a job without a completed checkpoint.
+        KafkaError: The topic does not exist or the broker does not answer.
+    """
+    from pyflink_aisp.alignment import (
+        Bound,
+        BoundKind,
+        TopicRange,
+        checkpoint_offsets,
+        parse_bound,
+        resolve_bound,
+        resolve_range,
+        topic_offsets,
+    )
+    from pyflink_aisp.kafka import default_bootstrap_servers
+
+    if not options.input_topic:
+        raise ConfigError("the job needs --input-topic")
+    servers = options.bootstrap_servers or default_bootstrap_servers()
+    topic = options.input_topic
+    rest = rest_url(options, config)
+
+    def resolver(job: str, offsets: TopicOffsets) -> dict[int, int]:
+        group = Bound(kind=BoundKind.GROUP, arg=job)  # a job's group is its name unless set apart
+        return checkpoint_offsets(rest, job, lambda: resolve_bound(group, servers, offsets)).offsets
+
+    offsets = topic_offsets(servers, topic)
+    start = parse_bound(options.range_start) if options.range_start else None
+    startup = options.startup_mode or ("earliest-offset" if options.mode == "batch" else "group-offsets")
+    if start is None:
+        start_offsets = {"earliest-offset": dict(offsets.earliest), "latest-offset": dict(offsets.latest),
+                         "group-offsets": _group_or_earliest(servers, options.group, offsets)}[startup]
+        start = parse_bound("offsets:" + ",".join(f"{p}={o}" for p, o in sorted(start_offsets.items())))
+    end = options.range_end or ("latest" if options.mode == "batch" else None)
+    if end is not None:
+        span = resolve_range(servers, topic, start, end, checkpoint=resolver)
+        return InputPlan(starts=span.starts, span=span,
+                         stream_starts=span.starts if options.mode == "streaming" else None)
+    starts = resolve_bound(start, servers, offsets, checkpoint=resolver)
+    latest = TopicRange.between(topic, offsets.earliest, offsets.latest)  # checks the bounds below
+    for p, o in sorted(starts.items()):
+        if not latest.ends[p] >= o >= latest.starts[p]:
+            raise ConfigError(f"{topic}[{p}]: start offset {o} ({start}) is outside the partition's "
+                              f"offsets [{latest.starts[p]}, {latest.ends[p]}]")
+    explicit = options.range_start is not None
+    return InputPlan(starts=starts if explicit else None, stream_starts=starts)

@@ -1,0 +1,163 @@
+"""``run_job``: submit the packaged job, wait for it, and write its run manifests.
+
+A BATCH run resolves its input range first (:func:`~pyflink_aisp.pipeline.plan_input`),
+reads exactly that range, and with ``--manifest-dir`` writes one manifest when it
+ends. A stream with ``--manifest-dir`` writes one for each completed checkpoint
+that the submitting client sees (it polls the Flink REST API about once a second
+while it runs attached; a client started with ``flink run -d`` returns at once and
+writes none): the range from where the stream started to the checkpoint's
+offsets, with the counts and digests of the outcomes committed for it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from pyflink_aisp.alignment import (
+    Bound,
+    BoundKind,
+    OutcomeTracker,
+    RunManifest,
+    TopicRange,
+    checkpoint_offsets,
+    code_version,
+    file_sha256,
+    resolve_bound,
+    topic_offsets,
+)
+from pyflink_aisp.errors import AispError, ConfigError
+from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.kafka import default_bootstrap_servers
+from pyflink_aisp.pipeline._build import build_pipeline, make_environment
+from pyflink_aisp.pipeline._config import PipelineOptions
+from pyflink_aisp.pipeline._handlers import model_assets
+from pyflink_aisp.pipeline._plan import InputPlan, plan_input, rest_url
+
+__all__ = ["model_files", "run_job"]
+
+#: Configuration keys that tell where and how the job is submitted.
+_CLIENT_KEYS = ("execution.target", "execution.attached", "rest.address", "rest.port",
+                "jobmanager.rpc.address")
+#: Flink job states after which a job does not run again (``JobStatus.isGloballyTerminalState``).
+_TERMINAL = frozenset({"FINISHED", "CANCELED", "FAILED"})
+
+
+def model_files(options: PipelineOptions) -> dict[str, str]:
+    """File name → sha256 of the model and tokenizer the options load (lineage to the weights).
+
+    Raises:
+        ConfigError: A file cannot be read.
+        ModelError: The sentiment assets cannot be found or built.
+    """
+    if options.encoder_onnx is not None and options.encoder_tokenizer is not None:
+        return {options.encoder_onnx.name: file_sha256(options.encoder_onnx),
+                options.encoder_tokenizer.name: file_sha256(options.encoder_tokenizer)}
+    assets = model_assets(options)
+    return {assets.onnx_path.name: assets.sha256, assets.tokenizer_path.name: assets.tokenizer_sha256}
+
+
+def _manifest(options: PipelineOptions, span: TopicRange, tracker: OutcomeTracker,
+              files: dict[str, str], checkpoint_id: int | None) -> RunManifest:
+    return RunManifest(job_name=options.name, code_version=code_version(), mode=options.mode, range=span,
+                       checkpoint_id=checkpoint_id, model_files=files, output_topic=str(options.output_topic),
+                       dlq_topic=options.dlq, summary=tracker.summary(span))
+
+
+def run_job(options: PipelineOptions, handler: ModelHandler[Any, Any, Any] | None = None, *,
+            prog: str = "aisp-job") -> int:
+    """Submit the job, and unless detached wait for it, writing its manifests.
+
+    Args:
+        options: The job's options.
+        handler: Replaces the handler the options name.
+        prog: Prefix of the progress lines (stdout) and of the one-line error (stderr).
+
+    Returns:
+        0 when the job was submitted (detached) or finished; 1 on a pyflink-aisp
+        error, printed in one line on stderr.
+    """
+    def say(line: str) -> None:
+        print(f"{prog}: {line}", flush=True)
+
+    start = time.perf_counter()
+    try:
+        t_env = make_environment(options)
+        config = {key: value for key in _CLIENT_KEYS if (value := t_env.get_config().get(key, ""))}
+        plan = plan_input(options, config=config)
+        if plan.span is not None:
+            say(f"input range {_describe(plan.span)}")
+        files = model_files(options) if options.manifest_dir else {}
+        remote = config.get("execution.target") == "remote" or options.flink_rest_url
+        if options.manifest_dir and options.mode == "streaming" and not remote:
+            raise ConfigError("stream manifests need the Flink REST API: submit with `flink run` or pass "
+                              "--flink-rest-url")
+        result = build_pipeline(t_env, options, handler, plan=plan)
+        client = result.get_job_client()
+        job_id = str(client.get_job_id()) if client is not None else "?"
+        say(f"job {job_id} submitted ({options.mode}, {options.operator.value} operator); "
+            f"output {options.output_topic}, dead letters {options.dlq}")
+        if config.get("execution.attached", "true") == "false":
+            return 0  # `flink run -d`: the job runs on; stop it with `flink stop`
+        if options.mode == "streaming" and options.manifest_dir is not None:
+            _watch_checkpoints(options, plan, files, rest_url(options, config), job_id, say)
+        result.wait()
+        say(f"job {job_id} finished in {time.perf_counter() - start:.1f} s")
+        if options.mode == "batch" and options.manifest_dir is not None and plan.span is not None:
+            _write_batch_manifest(options, plan.span, files, say)
+    except AispError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def _describe(span: TopicRange) -> str:
+    return f"{span.topic} " + " ".join(f"[{p.partition}]:{p.start}-{p.end}" for p in span.partitions)
+
+
+def _write_batch_manifest(options: PipelineOptions, span: TopicRange, files: dict[str, str],
+                          say: Callable[[str], None]) -> None:
+    servers = options.bootstrap_servers or default_bootstrap_servers()
+    tracker = OutcomeTracker(servers, span.topic, str(options.output_topic), options.dlq)
+    try:
+        tracker.advance()
+        manifest = _manifest(options, span, tracker, files, None)
+    finally:
+        tracker.close()
+    assert options.manifest_dir is not None
+    path = manifest.write(options.manifest_dir)
+    s = manifest.summary
+    say(f"manifest {path}: {s.input_count} in, {s.output_count} out, {s.dlq_count} dead letters")
+
+
+def _watch_checkpoints(options: PipelineOptions, plan: InputPlan, files: dict[str, str], rest: str,
+                       job_id: str, say: Callable[[str], None]) -> None:
+    """Write a manifest for each newly completed checkpoint until the job ends."""
+    from pyflink_aisp.alignment._checkpoint import completed_checkpoint, job_state
+
+    servers = options.bootstrap_servers or default_bootstrap_servers()
+    topic = str(options.input_topic)
+    assert plan.stream_starts is not None and options.manifest_dir is not None
+    tracker = OutcomeTracker(servers, topic, str(options.output_topic), options.dlq)
+    group = Bound(kind=BoundKind.GROUP, arg=options.group)
+    written = None
+    try:
+        while job_state(rest, job_id) not in _TERMINAL:
+            latest = completed_checkpoint(rest, job_id)
+            if latest is not None and latest[0] != written:
+                offsets = topic_offsets(servers, topic)
+                read_group = partial(resolve_bound, group, servers, offsets)
+                position = checkpoint_offsets(rest, options.name, read_group)
+                tracker.advance()
+                span = TopicRange.between(topic, plan.stream_starts, position.offsets)
+                manifest = _manifest(options, span, tracker, files, position.checkpoint_id)
+                path = manifest.write(options.manifest_dir)
+                written = position.checkpoint_id
+                say(f"checkpoint {written}: manifest {path} ({manifest.summary.input_count} in)")
+            time.sleep(1.0)
+    finally:
+        tracker.close()
+
