@@ -69,8 +69,10 @@ def test_each_bound_kind_resolves_against_the_topic(kafka_bootstrap, two_partiti
 @pytest.mark.parametrize(("start", "end", "message"), [
     ("offsets:0=0,1=0,2=0", "latest", "has no partition 2"),
     ("offsets:0=0", "latest", "partitions [1] of"),
-    ("offsets:0=20,1=0", "offsets:0=10,1=5", "[0]: start offset 20 (offsets:0=20,1=0) is after end offset 10"),
-    ("earliest", "offsets:0=36,1=25", "[0]: end offset 36 (offsets:0=36,1=25) is beyond the last stable offset 35"),
+    ("offsets:0=20,1=0", "offsets:0=10,1=5",
+     "[0]: start offset 20 (offsets:0=20,1=0) is after end offset 10"),
+    ("earliest", "offsets:0=36,1=25",
+     "[0]: end offset 36 (offsets:0=36,1=25) is beyond the last stable offset 35"),
     ("group:never-committed", "latest", "consumer group 'never-committed' has no committed offsets"),
     ("checkpoint:some-job", "latest", "needs the Flink REST address"),
 ])
@@ -100,7 +102,7 @@ def test_latest_is_the_last_stable_offset_and_a_transactional_range_reads_to_its
         producer.produce(t, value=str(i).encode())
     producer.commit_transaction(30)  # offsets 0..9, the commit marker at 10
     producer.begin_transaction()
-    for i in range(5):
+    for _ in range(5):
         producer.produce(t, value=b"open")
     producer.flush(30)  # written, not committed: offsets 11..15
     try:
@@ -135,7 +137,8 @@ def test_outcomes_are_attributed_to_their_input_range_by_lineage(kafka_bootstrap
         tracker.close()
     assert (whole.input_count, whole.output_count, whole.dlq_count) == (6, 5, 1)
     assert (whole.duplicates, whole.missing, whole.model_versions) == (1, 1, ("m1",))
-    assert (head.input_count, head.output_count, head.dlq_count, head.duplicates, head.missing) == (2, 2, 0, 0, 0)
+    assert (head.input_count, head.output_count, head.dlq_count) == (2, 2, 0)
+    assert (head.duplicates, head.missing) == (0, 0)
     assert head.output_digest != whole.output_digest
 
 
