@@ -2,7 +2,8 @@
 
 Subcommands: ``local up|down|status`` (embedded Kafka broker + Flink cluster),
 ``model build|publish``, ``ingest`` (real reviews → Kafka), ``verify`` (two runs'
-outputs agree), ``demo`` (the main job end to end). Exit status 0 on success, 1 on
+outputs or manifests agree), ``backfill`` (re-score up to a stream's checkpoint),
+``demo`` (the main job end to end). Exit status 0 on success, 1 on
 a pyflink-aisp error (printed), 2 on bad usage, 3 when ``verify`` finds a difference.
 """
 
@@ -12,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pyflink_aisp.errors import AispError
+from pyflink_aisp.errors import AispError, ConfigError
 
 __all__ = ["main"]
 
@@ -54,10 +55,21 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from pyflink_aisp.alignment import compare_outputs
     from pyflink_aisp.kafka import default_bootstrap_servers, read_topic
 
     bootstrap = args.bootstrap_servers or default_bootstrap_servers()
+    if args.manifest or not args.topic_b:
+        if len(args.manifest or ()) != 2 or args.topic_a:
+            raise ConfigError("verify takes two output topics, or --manifest A --manifest B")
+        from pyflink_aisp.alignment._cli import verify_manifests
+
+        ok, lines = verify_manifests(Path(args.manifest[0]), Path(args.manifest[1]), servers=bootstrap,
+                                     tolerance=args.tolerance)
+        print("\n".join(lines))
+        return 0 if ok else 3
     a, b = ([bytes(m.value() or b"") for m in read_topic(bootstrap, topic, timeout_s=args.timeout_s,
                                                           quiet_s=args.quiet_s)]
             for topic in (args.topic_a, args.topic_b))
@@ -104,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aisp", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_local_commands(sub)
+    from pyflink_aisp.alignment._cli import add_alignment_commands
+
+    add_alignment_commands(sub)
 
     model = sub.add_parser("model", help="model assets").add_subparsers(dest="model_command", required=True)
     build = model.add_parser("build", help="export MiniLM to ONNX, train the head, cache with sha256")
@@ -128,9 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--no-progress", action="store_true")
     ingest.set_defaults(func=_cmd_ingest)
 
-    verify = sub.add_parser("verify", help="compare two runs' output topics by id (exit 3 when they differ)")
-    verify.add_argument("topic_a", help="output topic of one run (e.g. the stream)")
-    verify.add_argument("topic_b", help="output topic of the other (e.g. a batch backfill)")
+    verify = sub.add_parser("verify", help="compare two runs, by their output topics or their manifests "
+                                           "(exit 3 when they differ)")
+    verify.add_argument("topic_a", nargs="?", help="output topic of one run (e.g. the stream)")
+    verify.add_argument("topic_b", nargs="?", help="output topic of the other (e.g. a batch backfill)")
+    verify.add_argument("--manifest", action="append", metavar="PATH",
+                        help="a run manifest (give two): ranges, counts and digests, then per id")
     verify.add_argument("--bootstrap-servers", default=None,
                         help="default: $AISP_KAFKA_BOOTSTRAP, else 127.0.0.1:$AISP_KAFKA_PORT (9092)")
     verify.add_argument("--tolerance", type=_tolerance, default=1e-5,
@@ -150,9 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``aisp``; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    takes_rest = getattr(args, "takes_rest", False)
+    if rest and not takes_rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
-        return int(args.func(args))
+        return int(args.func(args, rest) if takes_rest else args.func(args))
     except AispError as exc:
         print(f"aisp: error: {exc}", file=sys.stderr)
         return 1

@@ -110,22 +110,31 @@ def _consumer(servers: str) -> Consumer:
 
 
 def _read_to(consumer: Consumer, topic: str, ends: Mapping[int, int], sink: Callable[[Message], None],
-             timeout_s: float) -> None:
-    """Consume the assigned partitions of ``topic`` until each position reaches ``ends``."""
+             timeout_s: float, starts: Mapping[int, int] | None = None, clip: bool = True) -> dict[int, int]:
+    """Consume the assigned partitions of ``topic`` until each position reaches ``ends``;
+    returns the positions reached.
+
+    ``starts``: where each partition's reading started, taken as its position until the
+    consumer knows one (an assignment has none before its first fetch). ``clip``: pass
+    on only the records before ``ends`` (else every record consumed).
+    """
+    known = dict(starts or {})
     todo = dict(ends)
     deadline = time.monotonic() + timeout_s
     while True:
-        todo = {tp.partition: todo[tp.partition]
-                for tp in consumer.position([TopicPartition(topic, p) for p in todo])
-                if tp.offset < todo[tp.partition]}  # past the end also past a final transaction marker
+        for tp in consumer.position([TopicPartition(topic, p) for p in todo]):
+            if tp.offset >= 0:
+                known[tp.partition] = tp.offset
+        # past the end also past a final transaction marker
+        todo = {p: end for p, end in todo.items() if known.get(p, -1) < end}
         if not todo:
-            return
+            return known
         if time.monotonic() > deadline:
             raise KafkaError(f"reading {topic} up to offsets {todo} took over {timeout_s} s")
         for msg in consumer.consume(num_messages=1000, timeout=0.2):
             if msg.error():
                 raise KafkaError(f"consumer error on {msg.topic()}[{msg.partition()}]: {msg.error()}")
-            if (msg.offset() or 0) < ends.get(msg.partition() or 0, 0):
+            if not clip or (msg.offset() or 0) < ends.get(msg.partition() or 0, 0):
                 sink(msg)
 
 
@@ -142,7 +151,8 @@ def read_range(servers: str, span: TopicRange, timeout_s: float = 120.0) -> list
     consumer = _consumer(servers)
     try:
         consumer.assign([TopicPartition(span.topic, p.partition, p.start) for p in parts])
-        _read_to(consumer, span.topic, {p.partition: p.end for p in parts}, out.append, timeout_s)
+        _read_to(consumer, span.topic, {p.partition: p.end for p in parts}, out.append, timeout_s,
+                 starts={p.partition: p.start for p in parts})
     except KafkaException as exc:
         raise KafkaError(f"cannot read {span.topic}: {exc}") from exc
     finally:
@@ -177,6 +187,7 @@ class OutcomeTracker:
         self._servers, self._input = servers, input_topic
         self._topics = (output_topic, dlq_topic)
         self._consumers: dict[str, Consumer] = {}
+        self._positions: dict[str, dict[int, int]] = {}
         self._outcomes: dict[str, dict[tuple[int, int], list[bytes]]] = {t: {} for t in self._topics}
 
     def advance(self, timeout_s: float = 120.0) -> None:
@@ -192,7 +203,9 @@ class OutcomeTracker:
             consumer = self._consumers.get(topic)
             if consumer is None:
                 consumer = self._consumers[topic] = _consumer(self._servers)
-                consumer.assign([TopicPartition(topic, p, 0) for p in sorted(ends)])
+                first = topic_offsets(self._servers, topic).earliest
+                consumer.assign([TopicPartition(topic, p, first[p]) for p in sorted(ends)])
+                self._positions[topic] = first
             store = self._outcomes[topic]
 
             def keep(msg: Message, store: dict[tuple[int, int], list[bytes]] = store) -> None:
@@ -201,7 +214,8 @@ class OutcomeTracker:
                     store.setdefault((source[1], source[2]), []).append(bytes(msg.value() or b""))
 
             try:
-                _read_to(consumer, topic, ends, keep, timeout_s)
+                self._positions[topic] = _read_to(consumer, topic, ends, keep, timeout_s,
+                                                  starts=self._positions[topic], clip=False)
             except KafkaException as exc:
                 raise KafkaError(f"cannot read {topic}: {exc}") from exc
 
@@ -224,6 +238,10 @@ class OutcomeTracker:
             output_digest=multiset_digest(output), dlq_digest=multiset_digest(dlq),
             duplicates=sum(1 for n in seen.values() if n > 1), missing=len(inputs - set(seen)),
             model_versions=_model_versions(output))
+
+    def outputs(self, span: TopicRange) -> list[bytes]:
+        """The output values (not dead letters) of ``span``'s input records read so far."""
+        return [v for key, vs in self._outcomes[self._topics[0]].items() if span.contains(*key) for v in vs]
 
     def close(self) -> None:
         """Close the consumers."""

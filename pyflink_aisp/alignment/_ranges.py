@@ -41,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import KafkaError as KafkaErrorCode
 from confluent_kafka.admin import AdminClient, OffsetSpec
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from pyflink_aisp.errors import ConfigError, KafkaError
 
@@ -251,7 +253,7 @@ def topic_offsets(servers: str, topic: str, timeout_s: float = 10.0) -> TopicOff
     """
     admin = _admin(servers)
     try:
-        meta = admin.list_topics(topic, timeout=timeout_s)
+        meta = admin.list_topics(timeout=timeout_s)  # all topics: naming one may auto-create it
     except KafkaException as exc:
         raise KafkaError(f"cannot reach Kafka at {servers}: {exc}") from exc
     info = meta.topics.get(topic)
@@ -270,13 +272,34 @@ def _timestamp_offsets(servers: str, offsets: TopicOffsets, timestamp_ms: int,
     return {p: (o if o >= 0 else offsets.latest[p]) for p, o in found.items()}
 
 
+#: Group-coordinator errors of a broker that is still loading or moving its
+#: ``__consumer_offsets`` partitions (librdkafka does not flag them retriable).
+_COORDINATOR_CODES = frozenset({KafkaErrorCode.NOT_COORDINATOR, KafkaErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                                KafkaErrorCode.COORDINATOR_NOT_AVAILABLE})
+
+
+def _retriable(exc: BaseException) -> bool:
+    """A Kafka error worth retrying: flagged retriable, or a coordinator that is not ready yet."""
+    if not isinstance(exc, KafkaException) or not exc.args:
+        return False
+    error = exc.args[0]
+    return bool(getattr(error, "retriable", lambda: False)()) or getattr(error, "code", lambda: None)() in \
+        _COORDINATOR_CODES
+
+
+@retry(retry=retry_if_exception(_retriable), stop=stop_after_delay(30), wait=wait_exponential(0.1, max=2),
+       reraise=True)
+def _committed(consumer: Any, parts: list[TopicPartition], timeout_s: float) -> list[TopicPartition]:
+    return list(consumer.committed(parts, timeout=timeout_s))
+
+
 def _group_offsets(servers: str, group: str, offsets: TopicOffsets, timeout_s: float) -> dict[int, int]:
     from confluent_kafka import Consumer
 
     consumer = Consumer({"bootstrap.servers": servers, "group.id": group, "enable.auto.commit": False})
     try:
-        committed = consumer.committed([TopicPartition(offsets.topic, p) for p in sorted(offsets.latest)],
-                                       timeout=timeout_s)
+        committed = _committed(consumer, [TopicPartition(offsets.topic, p) for p in sorted(offsets.latest)],
+                               timeout_s)
     except KafkaException as exc:
         raise KafkaError(f"cannot read the committed offsets of group {group}: {exc}") from exc
     finally:

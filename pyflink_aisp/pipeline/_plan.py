@@ -22,7 +22,7 @@ from pyflink_aisp.pipeline._config import PipelineOptions
 if TYPE_CHECKING:  # pyflink_aisp.alignment imports pyflink_aisp.kafka, which imports this package
     from pyflink_aisp.alignment import TopicOffsets, TopicRange
 
-__all__ = ["InputPlan", "plan_input", "rest_url"]
+__all__ = ["InputPlan", "group_or_earliest", "plan_input", "rest_url"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +54,7 @@ def rest_url(options: PipelineOptions, config: Mapping[str, str] | None = None) 
     return f"http://127.0.0.1:{os.environ.get('AISP_FLINK_REST_PORT', '8081')}"
 
 
-def _group_or_earliest(servers: str, group: str, offsets: TopicOffsets) -> dict[int, int]:
+def group_or_earliest(servers: str, group: str, offsets: TopicOffsets) -> dict[int, int]:
     """The group's committed offsets; the log start where it committed none (a new group)."""
     from pyflink_aisp.alignment import Bound, BoundKind, resolve_bound
 
@@ -106,7 +106,7 @@ def plan_input(options: PipelineOptions, *, config: Mapping[str, str] | None = N
     startup = options.startup_mode or ("earliest-offset" if options.mode == "batch" else "group-offsets")
     if start is None:
         start_offsets = {"earliest-offset": dict(offsets.earliest), "latest-offset": dict(offsets.latest),
-                         "group-offsets": _group_or_earliest(servers, options.group, offsets)}[startup]
+                         "group-offsets": group_or_earliest(servers, options.group, offsets)}[startup]
         start = parse_bound("offsets:" + ",".join(f"{p}={o}" for p, o in sorted(start_offsets.items())))
     end = options.range_end or ("latest" if options.mode == "batch" else None)
     if end is not None:

@@ -18,15 +18,12 @@ from functools import partial
 from typing import Any
 
 from pyflink_aisp.alignment import (
-    Bound,
-    BoundKind,
     OutcomeTracker,
     RunManifest,
     TopicRange,
     checkpoint_offsets,
     code_version,
     file_sha256,
-    resolve_bound,
     topic_offsets,
 )
 from pyflink_aisp.errors import AispError, ConfigError
@@ -35,7 +32,7 @@ from pyflink_aisp.kafka import default_bootstrap_servers
 from pyflink_aisp.pipeline._build import build_pipeline, make_environment
 from pyflink_aisp.pipeline._config import PipelineOptions
 from pyflink_aisp.pipeline._handlers import model_assets
-from pyflink_aisp.pipeline._plan import InputPlan, plan_input, rest_url
+from pyflink_aisp.pipeline._plan import InputPlan, group_or_earliest, plan_input, rest_url
 
 __all__ = ["model_files", "run_job"]
 
@@ -133,6 +130,23 @@ def _write_batch_manifest(options: PipelineOptions, span: TopicRange, files: dic
     say(f"manifest {path}: {s.input_count} in, {s.output_count} out, {s.dlq_count} dead letters")
 
 
+def _checkpoint_manifest(options: PipelineOptions, starts: dict[int, int], files: dict[str, str], rest: str,
+                         tracker: OutcomeTracker, say: Callable[[str], None]) -> int:
+    """Write the manifest of the job's last completed checkpoint; returns its id."""
+    servers = options.bootstrap_servers or default_bootstrap_servers()
+    topic = str(options.input_topic)
+    offsets = topic_offsets(servers, topic)
+    read_group = partial(group_or_earliest, servers, options.group, offsets)
+    position = checkpoint_offsets(rest, options.name, read_group)
+    tracker.advance()
+    span = TopicRange.between(topic, starts, position.offsets)
+    manifest = _manifest(options, span, tracker, files, position.checkpoint_id)
+    assert options.manifest_dir is not None
+    path = manifest.write(options.manifest_dir)
+    say(f"checkpoint {position.checkpoint_id}: manifest {path} ({manifest.summary.input_count} in)")
+    return position.checkpoint_id
+
+
 def _watch_checkpoints(options: PipelineOptions, plan: InputPlan, files: dict[str, str], rest: str,
                        job_id: str, say: Callable[[str], None]) -> None:
     """Write a manifest for each newly completed checkpoint until the job ends."""
@@ -142,21 +156,17 @@ def _watch_checkpoints(options: PipelineOptions, plan: InputPlan, files: dict[st
     topic = str(options.input_topic)
     assert plan.stream_starts is not None and options.manifest_dir is not None
     tracker = OutcomeTracker(servers, topic, str(options.output_topic), options.dlq)
-    group = Bound(kind=BoundKind.GROUP, arg=options.group)
-    written = None
+    written, failed = None, None
     try:
         while job_state(rest, job_id) not in _TERMINAL:
             latest = completed_checkpoint(rest, job_id)
             if latest is not None and latest[0] != written:
-                offsets = topic_offsets(servers, topic)
-                read_group = partial(resolve_bound, group, servers, offsets)
-                position = checkpoint_offsets(rest, options.name, read_group)
-                tracker.advance()
-                span = TopicRange.between(topic, plan.stream_starts, position.offsets)
-                manifest = _manifest(options, span, tracker, files, position.checkpoint_id)
-                path = manifest.write(options.manifest_dir)
-                written = position.checkpoint_id
-                say(f"checkpoint {written}: manifest {path} ({manifest.summary.input_count} in)")
+                try:
+                    written = _checkpoint_manifest(options, plan.stream_starts, files, rest, tracker, say)
+                except AispError as exc:  # the job goes on; so do its manifests, at the next checkpoint
+                    if str(exc) != failed:
+                        say(f"checkpoint {latest[0]}: no manifest: {exc}")
+                    failed = str(exc)
             time.sleep(1.0)
     finally:
         tracker.close()

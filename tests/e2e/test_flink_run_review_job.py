@@ -10,7 +10,6 @@ import pytest
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.inference import OnnxSentimentModel
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
-from pyflink_aisp.local import LocalStack
 
 pytestmark = pytest.mark.e2e
 
@@ -22,14 +21,6 @@ def _job_errors(proc: subprocess.CompletedProcess[str]) -> list[str]:
     """The job's own one-line errors in a `flink run`'s output (Flink's trace follows them)."""
     return [line for line in (proc.stdout + proc.stderr).splitlines()
             if line.startswith("review_sentiment: error:")]
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, stack_config):
-    stack = LocalStack(stack_config(tmp_path_factory.mktemp("e2e")))
-    stack.up()
-    yield stack
-    stack.down()
 
 
 def test_flink_run_batch_job_scores_all_reviews(stack, model_assets):

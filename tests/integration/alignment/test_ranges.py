@@ -142,6 +142,7 @@ def test_outcomes_are_attributed_to_their_input_range_by_lineage(kafka_bootstrap
     assert head.output_digest != whole.output_digest
 
 
-def test_reading_a_range_of_a_missing_topic_fails_clearly(kafka_bootstrap):
-    with pytest.raises(KafkaError, match="topic no-such-topic-x does not exist"):
-        topic_offsets(kafka_bootstrap, "no-such-topic-x")
+def test_reading_a_range_of_a_missing_topic_fails_clearly(kafka_bootstrap, topic):
+    missing = topic("never-created")
+    with pytest.raises(KafkaError, match=f"topic {missing} does not exist"):
+        topic_offsets(kafka_bootstrap, missing)

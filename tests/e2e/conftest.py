@@ -1,0 +1,13 @@
+"""The local standalone cluster and broker, started once for all e2e tests (free ports, temp state)."""
+
+import pytest
+
+from pyflink_aisp.local import LocalStack
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory, stack_config):
+    stack = LocalStack(stack_config(tmp_path_factory.mktemp("e2e")))
+    stack.up()
+    yield stack
+    stack.down()
