@@ -1,5 +1,6 @@
 """Flink's Prometheus reporter on the local stack: the job's `aisp` metric group is scrapeable."""
 
+import json
 import re
 import subprocess
 import time
@@ -39,6 +40,14 @@ def _scrape(url: str) -> dict[str, list[float]]:
         for sample in family.samples:
             found.setdefault(sample.name, []).append(sample.value)
     return found
+
+
+def _dashboard_metrics() -> list[str]:
+    """The metric names docker/grafana/aisp-dashboard.json queries."""
+    text = (ROOT / "docker" / "grafana" / "aisp-dashboard.json").read_text()
+    names = sorted(set(re.findall(r"flink_taskmanager_job_task_operator_aisp_\w+", text)))
+    assert len(names) >= 10 and json.loads(text)["panels"]
+    return names
 
 
 def _wait_for_total(url: str, name: str, total: float, deadline_s: float) -> dict[str, list[float]]:
@@ -95,5 +104,7 @@ def test_taskmanager_endpoint_serves_the_jobs_aisp_metrics(stack, model_assets):
         assert sum(metrics[RECORDS_IN]) == N
         assert sum(metrics[RECORDS_OUT]) == N
         assert not any("_aisp_" in name for name in by_url[jm_urls[0]])
+        assert set(_dashboard_metrics()) <= set(metrics), set(_dashboard_metrics()) - set(metrics)
+        assert metrics["flink_taskmanager_job_task_operator_aisp_modelLoadTimeMs"][0] > 0
     finally:
         subprocess.run([cmd[0], "cancel", job_id], env=stack.flink_env(), capture_output=True, timeout=120)
