@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.aisp-installed
 
-.PHONY: install demo test test-unit lint typecheck jars model up down clean
+.PHONY: install demo test test-unit test-deploy lint typecheck jars model up down clean
 
 install: $(STAMP)
 
@@ -33,6 +33,11 @@ test: install
 
 test-unit: install
 	$(PY) -m pytest tests/unit
+
+# docker/ checked statically (hadolint, docker-compose config, operator CRD, Kubernetes schemas:
+# tools from the dev extra) and its roles run on this host through docker/entrypoint.sh
+test-deploy: install
+	$(PY) -m pytest tests/unit/docker tests/integration/docker
 
 lint: install
 	$(VENV)/bin/ruff check pyflink_aisp tests jobs bench

@@ -111,11 +111,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``aisp`` argument parser."""
-    from pyflink_aisp.local import add_local_commands
+    from pyflink_aisp.local import add_container_commands, add_local_commands
 
     parser = argparse.ArgumentParser(prog="aisp", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_local_commands(sub)
+    add_container_commands(sub)
     from pyflink_aisp.alignment._cli import add_alignment_commands
 
     add_alignment_commands(sub)

@@ -15,13 +15,25 @@ the poms in ``connectors/`` and are cached under ``<aisp_home>/jars``
 """
 
 from pyflink_aisp.local._cli import add_local_commands, run_jars_command, run_local_command
+from pyflink_aisp.local._container import (
+    ImageRole,
+    add_container_commands,
+    configure_role,
+    container_flink_config,
+    container_kafka_config,
+    role_command,
+    submit_command,
+    wait_for_services,
+)
 from pyflink_aisp.local._flink import FlinkCluster, flink_overview
 from pyflink_aisp.local._flink_config import (
     FlinkClusterConfig,
     flink_env,
     flink_run_command,
+    prometheus_settings,
     pyflink_home,
     render_flink_config,
+    write_flink_conf_dir,
 )
 from pyflink_aisp.local._jars import (
     JarKind,
@@ -52,6 +64,7 @@ __all__ = [
     "ENV_VARS",
     "FlinkCluster",
     "FlinkClusterConfig",
+    "ImageRole",
     "JarKind",
     "KafkaBroker",
     "KafkaBrokerConfig",
@@ -59,9 +72,13 @@ __all__ = [
     "LocalStackConfig",
     "ServiceStatus",
     "StackStatus",
+    "add_container_commands",
     "add_local_commands",
     "broker_answers",
+    "configure_role",
     "connectors_dir",
+    "container_flink_config",
+    "container_kafka_config",
     "default_state_dir",
     "ensure_jars",
     "find_free_port",
@@ -71,11 +88,16 @@ __all__ = [
     "flink_run_command",
     "pipeline_jars_value",
     "port_is_free",
+    "prometheus_settings",
     "pyflink_home",
     "render_flink_config",
     "render_kafka_log4j2",
     "render_server_properties",
     "require_tools",
+    "role_command",
     "run_jars_command",
     "run_local_command",
+    "submit_command",
+    "wait_for_services",
+    "write_flink_conf_dir",
 ]

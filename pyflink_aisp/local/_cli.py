@@ -35,6 +35,11 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         help=f"Flink REST/web UI port (env {ENV_VARS['flink_rest_port']}; default 8081)",
     )  # fmt: skip
     parser.add_argument("--no-flink", action="store_true", help="only the Kafka broker (no Flink cluster)")
+    parser.add_argument(
+        "--prometheus-port", type=int, default=None,
+        help=f"enable Flink's Prometheus metrics reporter on ports N (JobManager) and N+1 (TaskManager) "
+        f"(env {ENV_VARS['prometheus_port']}; default off)",
+    )  # fmt: skip
 
 
 def add_local_commands(subparsers: Any) -> argparse.ArgumentParser:
@@ -127,6 +132,7 @@ def run_local_command(args: argparse.Namespace, out: TextIO | None = None) -> in
             kafka_controller_port=args.kafka_controller_port,
             flink_rest_port=args.flink_rest_port,
             with_flink=False if args.no_flink else None,
+            prometheus_port=getattr(args, "prometheus_port", None),
         )
         stack = LocalStack(config)
         started = time.monotonic()

@@ -10,15 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from pyflink_aisp.errors import EnvironmentSetupError, ServiceError
 from pyflink_aisp.local._flink_config import (
@@ -27,7 +24,7 @@ from pyflink_aisp.local._flink_config import (
     flink_env,
     flink_run_command,
     pyflink_home,
-    render_flink_config,
+    write_flink_conf_dir,
 )
 from pyflink_aisp.local._jars import require_tools
 from pyflink_aisp.local._procs import (
@@ -258,18 +255,7 @@ class FlinkCluster:
             )
 
     def _write_conf(self) -> None:
-        source = pyflink_home() / "conf"
-        conf = self.config.conf_dir
-        conf.mkdir(parents=True, exist_ok=True)
-        for item in source.iterdir():
-            if item.is_file() and item.name != "config.yaml":
-                shutil.copy2(item, conf / item.name)
-        base = yaml.safe_load((source / "config.yaml").read_text(encoding="utf-8")) or {}
-        (conf / "config.yaml").write_text(render_flink_config(self.config, base), "utf-8")
-        (conf / "masters").write_text(f"localhost:{self.config.rest_port}\n", "utf-8")
-        (conf / "workers").write_text("localhost\n", "utf-8")
-        for folder in (self.config.log_dir, self.config.pid_dir):
-            folder.mkdir(parents=True, exist_ok=True)
+        write_flink_conf_dir(self.config)
 
     def _run_script(self, name: str, *args: str) -> None:
         script = pyflink_home() / "bin" / name

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,11 +25,14 @@ import yaml
 from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
 
 __all__ = [
+    "PROMETHEUS_FACTORY",
     "FlinkClusterConfig",
     "flink_env",
     "flink_run_command",
+    "prometheus_settings",
     "pyflink_home",
     "render_flink_config",
+    "write_flink_conf_dir",
 ]
 
 IDENT = "aisp"  # FLINK_IDENT_STRING: names the daemons' pid and log files
@@ -71,6 +75,18 @@ class FlinkClusterConfig:
         python_executable: Python of the UDF workers and the job client
             (``python.executable``, ``python.client.executable``); default: this
             interpreter, so workers see the same venv.
+        jobmanager_host: Address of the JobManager (``jobmanager.rpc.address``,
+            ``rest.address``): ``localhost`` here, the JobManager's host name in a
+            container network.
+        taskmanager_host: Address a TaskManager announces (``taskmanager.host``).
+        bind_host: Interface the daemons listen on (``*.bind-host``,
+            ``rest.bind-address``): ``localhost`` here, ``0.0.0.0`` in a container.
+        prometheus_port: First port of Flink's Prometheus metrics reporter
+            (``metrics.reporter.prom.*``, PyFlink's ``plugins/metrics-prometheus``);
+            None: no reporter.
+        prometheus_port_count: Ports ``prometheus_port .. + count - 1`` form the
+            reporter's range: each daemon on a host takes the first free one (2 on
+            the local stack: JobManager, TaskManager; 1 in a container).
         extra_config: More ``config.yaml`` entries (flat keys), applied last.
         start_timeout_s: How long ``start`` waits for a registered TaskManager.
         stop_timeout_s: Grace period after SIGTERM before SIGKILL, seconds.
@@ -88,6 +104,11 @@ class FlinkClusterConfig:
     taskmanager_memory_mb: int = 3072
     managed_memory_mb: int = 512
     python_executable: str = field(default_factory=lambda: sys.executable)
+    jobmanager_host: str = "localhost"
+    taskmanager_host: str = "localhost"
+    bind_host: str = "localhost"
+    prometheus_port: int | None = None
+    prometheus_port_count: int = 2
     extra_config: Mapping[str, str] = field(default_factory=dict)
     start_timeout_s: float = 90.0
     stop_timeout_s: float = 20.0
@@ -112,6 +133,32 @@ class FlinkClusterConfig:
             )
         if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
             raise ConfigError("start_timeout_s and stop_timeout_s must be > 0")
+        for name in ("jobmanager_host", "taskmanager_host", "bind_host"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value or any(c.isspace() for c in value):
+                raise ConfigError(f"{name} must be a host name without spaces, got {value!r}")
+        self._check_prometheus()
+
+    def _check_prometheus(self) -> None:
+        _positive_int("prometheus_port_count", self.prometheus_port_count)
+        if self.prometheus_port is None:
+            return
+        _positive_int("prometheus_port", self.prometheus_port)
+        last = self.prometheus_port + self.prometheus_port_count - 1
+        if last > 65535:
+            raise ConfigError(f"prometheus ports {self.prometheus_port}..{last} must be <= 65535")
+        clash = {self.rest_port, self.rpc_port} & set(range(self.prometheus_port, last + 1))
+        if clash:
+            raise ConfigError(
+                f"prometheus ports {self.prometheus_port}..{last} overlap the REST/RPC port {min(clash)}"
+            )
+
+    @property
+    def prometheus_ports(self) -> tuple[int, ...]:
+        """The reporter's ports (empty without a reporter)."""
+        if self.prometheus_port is None:
+            return ()
+        return tuple(range(self.prometheus_port, self.prometheus_port + self.prometheus_port_count))
 
     @property
     def flink_dir(self) -> Path:
@@ -164,13 +211,13 @@ def render_flink_config(config: FlinkClusterConfig, base: Mapping[str, Any]) -> 
     checkpoints = (config.flink_dir / "checkpoints").as_uri()
     flat.update(
         {
-            "jobmanager.rpc.address": "localhost",
+            "jobmanager.rpc.address": config.jobmanager_host,
             "jobmanager.rpc.port": config.rpc_port,
-            "jobmanager.bind-host": "localhost",
-            "taskmanager.bind-host": "localhost",
-            "taskmanager.host": "localhost",
-            "rest.address": "localhost",
-            "rest.bind-address": "localhost",
+            "jobmanager.bind-host": config.bind_host,
+            "taskmanager.bind-host": config.bind_host,
+            "taskmanager.host": config.taskmanager_host,
+            "rest.address": config.jobmanager_host,
+            "rest.bind-address": config.bind_host,
             "rest.port": config.rest_port,
             "taskmanager.numberOfTaskSlots": config.task_slots,
             "jobmanager.memory.process.size": f"{config.jobmanager_memory_mb}m",
@@ -185,9 +232,69 @@ def render_flink_config(config: FlinkClusterConfig, base: Mapping[str, Any]) -> 
             "env.pid.dir": str(config.pid_dir),
         }
     )
+    flat.update(prometheus_settings(config))
     flat.update(config.extra_config)
     header = "# Written by pyflink_aisp.local from pyflink/conf/config.yaml; rewritten on `up`.\n"
     return header + yaml.safe_dump(flat, sort_keys=False, default_flow_style=False, width=100000)
+
+
+#: Factory of Flink's Prometheus reporter (jar in ``plugins/metrics-prometheus``), from
+#: https://nightlies.apache.org/flink/flink-docs-release-2.0/docs/deployment/metric_reporters/#prometheus
+PROMETHEUS_FACTORY = "org.apache.flink.metrics.prometheus.PrometheusReporterFactory"
+
+
+def prometheus_settings(config: FlinkClusterConfig) -> dict[str, str]:
+    """``config.yaml`` entries of the Prometheus reporter ``prom`` ({} when it is off).
+
+    Every daemon serves ``GET http://<host>:<port>/metrics`` (text exposition
+    format) on the first free port of the range; user metric groups such as the
+    operators' ``aisp`` group become part of the metric name
+    (``flink_taskmanager_job_task_operator_aisp_recordsIn``).
+    """
+    ports = config.prometheus_ports
+    if not ports:
+        return {}
+    port = str(ports[0]) if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
+    return {"metrics.reporter.prom.factory.class": PROMETHEUS_FACTORY, "metrics.reporter.prom.port": port}
+
+
+def write_flink_conf_dir(config: FlinkClusterConfig) -> Path:
+    """Write ``config.conf_dir``: PyFlink's ``conf/`` files plus our ``config.yaml``.
+
+    Also creates the log and pid folders. Used by the local cluster and by the
+    container entrypoint (``docker/entrypoint.sh``), so both run the same config.
+
+    Returns:
+        The conf folder (``FLINK_CONF_DIR``).
+
+    Raises:
+        EnvironmentSetupError: PyFlink is missing, or the reporter is on and
+            PyFlink's ``plugins/metrics-prometheus`` holds no jar.
+    """
+    source = pyflink_home() / "conf"
+    if config.prometheus_port is not None:
+        _require_prometheus_plugin()
+    conf = config.conf_dir
+    conf.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if item.is_file() and item.name != "config.yaml":
+            shutil.copy2(item, conf / item.name)
+    base = yaml.safe_load((source / "config.yaml").read_text(encoding="utf-8")) or {}
+    (conf / "config.yaml").write_text(render_flink_config(config, base), "utf-8")
+    (conf / "masters").write_text(f"{config.jobmanager_host}:{config.rest_port}\n", "utf-8")
+    (conf / "workers").write_text(f"{config.taskmanager_host}\n", "utf-8")
+    for folder in (config.log_dir, config.pid_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+    return conf
+
+
+def _require_prometheus_plugin() -> None:
+    plugin = pyflink_home() / "plugins" / "metrics-prometheus"
+    if not any(plugin.glob("flink-metrics-prometheus-*.jar")):
+        raise EnvironmentSetupError(
+            f"{plugin}/flink-metrics-prometheus-*.jar missing: the Prometheus reporter ships with "
+            "apache-flink's plugins; reinstall apache-flink==2.3.0 or run without a Prometheus port"
+        )
 
 
 def flink_env(config: FlinkClusterConfig | None = None) -> dict[str, str]:

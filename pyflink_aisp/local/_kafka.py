@@ -63,6 +63,11 @@ class KafkaBrokerConfig:
         port: PLAINTEXT listener on 127.0.0.1 (clients connect here).
         controller_port: KRaft CONTROLLER listener on 127.0.0.1.
         heap_mb: JVM heap (``-Xmx``), MiB.
+        listen_host: Interface both listeners bind (``127.0.0.1`` here, ``0.0.0.0``
+            in a container).
+        advertised_host: Host name clients and the KRaft quorum reach the broker
+            at (``127.0.0.1`` here, the service name, e.g. ``kafka``, in a container).
+        partitions: ``num.partitions`` of topics the broker creates by default.
         start_timeout_s: How long ``start`` waits for a metadata answer, seconds.
         stop_timeout_s: Grace period after SIGTERM before SIGKILL, seconds.
 
@@ -75,6 +80,9 @@ class KafkaBrokerConfig:
     port: int = 9092
     controller_port: int = 9093
     heap_mb: int = 512
+    listen_host: str = LOOPBACK
+    advertised_host: str = LOOPBACK
+    partitions: int = 1
     start_timeout_s: float = 60.0
     stop_timeout_s: float = 20.0
 
@@ -88,6 +96,12 @@ class KafkaBrokerConfig:
             raise ConfigError(f"heap_mb must be an int >= 128, got {self.heap_mb!r}")
         if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
             raise ConfigError("start_timeout_s and stop_timeout_s must be > 0")
+        for name in ("listen_host", "advertised_host"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value or any(c.isspace() or c in ",:" for c in value):
+                raise ConfigError(f"{name} must be a host name or IPv4 address, got {value!r}")
+        if not isinstance(self.partitions, int) or isinstance(self.partitions, bool) or self.partitions < 1:
+            raise ConfigError(f"partitions must be an int >= 1, got {self.partitions!r}")
 
     @property
     def kafka_dir(self) -> Path:
@@ -96,23 +110,24 @@ class KafkaBrokerConfig:
 
     @property
     def bootstrap_servers(self) -> str:
-        """``127.0.0.1:<port>`` for ``bootstrap.servers``."""
-        return f"{LOOPBACK}:{self.port}"
+        """``<advertised_host>:<port>`` for ``bootstrap.servers`` (``127.0.0.1:9092`` here)."""
+        return f"{self.advertised_host}:{self.port}"
 
 
 def render_server_properties(config: KafkaBrokerConfig) -> str:
     """The broker's ``server.properties`` text (KRaft combined mode, single node)."""
+    listen, advertised = config.listen_host, config.advertised_host
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
-        "controller.quorum.voters": f"1@{LOOPBACK}:{config.controller_port}",
-        "listeners": f"PLAINTEXT://{LOOPBACK}:{config.port},CONTROLLER://{LOOPBACK}:{config.controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{config.port}",
+        "controller.quorum.voters": f"1@{advertised}:{config.controller_port}",
+        "listeners": f"PLAINTEXT://{listen}:{config.port},CONTROLLER://{listen}:{config.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{advertised}:{config.port}",
         "inter.broker.listener.name": "PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
         "log.dirs": str(config.kafka_dir / "data"),
-        "num.partitions": "1",
+        "num.partitions": str(config.partitions),
         "offsets.topic.replication.factor": "1",
         "transaction.state.log.replication.factor": "1",
         "transaction.state.log.min.isr": "1",
@@ -126,8 +141,20 @@ def render_server_properties(config: KafkaBrokerConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_kafka_log4j2(log_dir: Path) -> str:
-    """A Log4j 2 properties config: ``<log_dir>/server.log``, 3 x 50 MB rolling."""
+def render_kafka_log4j2(log_dir: Path, *, console: bool = False) -> str:
+    """A Log4j 2 properties config: ``<log_dir>/server.log``, 3 x 50 MB rolling.
+
+    Args:
+        log_dir: Folder of ``server.log``.
+        console: Log to stdout instead (a container's broker: ``docker logs``).
+    """
+    if console:
+        appender = [
+            "appender.file.type = Console",
+            "appender.file.name = FILE",
+            "appender.file.target = SYSTEM_OUT",
+        ]
+        return "\n".join(["status = warn", "name = aisp-kafka", *appender, *_log4j2_tail(rolling=False)])
     log_file = log_dir / "server.log"
     return "\n".join(
         [
@@ -137,22 +164,31 @@ def render_kafka_log4j2(log_dir: Path) -> str:
             "appender.file.name = FILE",
             f"appender.file.fileName = {log_file}",
             f"appender.file.filePattern = {log_file}.%i",
-            "appender.file.layout.type = PatternLayout",
-            "appender.file.layout.pattern = [%d] %p %m (%c)%n",
+            *_log4j2_tail(rolling=True),
+        ]
+    )
+
+
+def _log4j2_tail(*, rolling: bool) -> list[str]:
+    lines = ["appender.file.layout.type = PatternLayout", "appender.file.layout.pattern = [%d] %p %m (%c)%n"]
+    if rolling:
+        lines += [
             "appender.file.policies.type = Policies",
             "appender.file.policies.size.type = SizeBasedTriggeringPolicy",
             "appender.file.policies.size.size = 50MB",
             "appender.file.strategy.type = DefaultRolloverStrategy",
             "appender.file.strategy.max = 3",
-            "rootLogger.level = INFO",
-            "rootLogger.appenderRef.file.ref = FILE",
-            "logger.kafka.name = kafka",
-            "logger.kafka.level = INFO",
-            "logger.request.name = kafka.request.logger",
-            "logger.request.level = WARN",
-            "",
         ]
-    )
+    return [
+        *lines,
+        "rootLogger.level = INFO",
+        "rootLogger.appenderRef.file.ref = FILE",
+        "logger.kafka.name = kafka",
+        "logger.kafka.level = INFO",
+        "logger.request.name = kafka.request.logger",
+        "logger.request.level = WARN",
+        "",
+    ]
 
 
 def broker_answers(bootstrap_servers: str, timeout_s: float = 2.0) -> bool:
@@ -255,7 +291,7 @@ class KafkaBroker:
         self.preflight()
         java = require_tools("java")["java"]
         classpath = ":".join(str(jar) for jar in self._jars())
-        self._write_config_files()
+        self.write_config_files()
         self._format_storage(java, classpath)
         pid = launch_detached(
             self._command(java, classpath),
@@ -265,6 +301,23 @@ class KafkaBroker:
         write_pid_file(self.pid_path, [pid])
         self._wait_ready(pid)
         return pid
+
+    def foreground_command(self) -> list[str]:
+        """Prepare the broker to run in the foreground (a container's main process).
+
+        Writes ``server.properties`` and a console log config, formats the storage
+        on first use (like :meth:`start`) and returns the broker's argv; the caller
+        execs it (``docker/entrypoint.sh kafka``). Nothing is started or recorded.
+
+        Raises:
+            EnvironmentSetupError: Java or the broker jars are missing.
+            ServiceError: Kafka's StorageTool failed.
+        """
+        java = require_tools("java")["java"]
+        classpath = ":".join(str(jar) for jar in self._jars())
+        self.write_config_files(console=True)
+        self._format_storage(java, classpath)
+        return self._command(java, classpath)
 
     def preflight(self) -> None:
         """Check what :meth:`start` needs before anything starts: free ports (unless
@@ -300,11 +353,12 @@ class KafkaBroker:
             if not port_is_free(port):
                 raise port_taken_error(port, f"a broker started from {self.config.state_dir}", hint)
 
-    def _write_config_files(self) -> None:
+    def write_config_files(self, *, console: bool = False) -> None:
+        """Write ``server.properties`` and ``log4j2.properties`` (``console``: log to stdout)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.properties_path.write_text(render_server_properties(self.config), encoding="utf-8")
         (self.config.kafka_dir / "log4j2.properties").write_text(
-            render_kafka_log4j2(self.log_dir), encoding="utf-8"
+            render_kafka_log4j2(self.log_dir, console=console), encoding="utf-8"
         )
 
     def _jvm_args(self) -> list[str]:

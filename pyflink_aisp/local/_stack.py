@@ -39,8 +39,10 @@ ENV_VARS: Mapping[str, str] = {
     "kafka_controller_port": "AISP_KAFKA_CONTROLLER_PORT",
     "flink_rest_port": "AISP_FLINK_REST_PORT",
     "flink_rpc_port": "AISP_FLINK_RPC_PORT",
+    "prometheus_port": "AISP_PROMETHEUS_PORT",
 }
 _PORT_FIELDS = ("kafka_port", "kafka_controller_port", "flink_rest_port", "flink_rpc_port")
+_RECORDED_FIELDS = (*_PORT_FIELDS, "prometheus_port")
 _RECORD = "stack.json"
 
 
@@ -61,6 +63,8 @@ class LocalStackConfig:
         flink_rest_port: Flink REST/web UI port.
         flink_rpc_port: Flink JobManager RPC port.
         with_flink: Whether ``up`` also starts the Flink cluster.
+        prometheus_port: First of two ports (JobManager, TaskManager: each takes the
+            first free one) of Flink's Prometheus metrics reporter; None: off.
 
     Raises:
         ConfigError: Invalid or clashing ports, or an invalid service setting.
@@ -73,6 +77,7 @@ class LocalStackConfig:
     flink_rest_port: int = 8081
     flink_rpc_port: int = 6123
     with_flink: bool = True
+    prometheus_port: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state_dir", Path(self.state_dir).expanduser().absolute())
@@ -80,7 +85,11 @@ class LocalStackConfig:
         if len(set(ports)) != len(ports):
             raise ConfigError(f"ports must all differ: {dict(zip(_PORT_FIELDS, ports, strict=True))}")
         self.kafka_config()  # validates the per-service fields
-        self.flink_config()
+        flink = self.flink_config()
+        taken = set(flink.prometheus_ports) & set(ports)
+        if taken:
+            ports_text = f"prometheus ports {flink.prometheus_ports}"
+            raise ConfigError(f"{ports_text} overlap the stack's port {min(taken)}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> LocalStackConfig:
@@ -112,7 +121,10 @@ class LocalStackConfig:
     def flink_config(self) -> FlinkClusterConfig:
         """The Flink cluster's settings."""
         return FlinkClusterConfig(
-            state_dir=self.state_dir, rest_port=self.flink_rest_port, rpc_port=self.flink_rpc_port
+            state_dir=self.state_dir,
+            rest_port=self.flink_rest_port,
+            rpc_port=self.flink_rpc_port,
+            prometheus_port=self.prometheus_port,
         )
 
 
@@ -165,6 +177,7 @@ class StackStatus:
     state_dir: Path
     kafka: ServiceStatus
     flink: ServiceStatus
+    prometheus_urls: tuple[str, ...] = ()
 
     @property
     def bootstrap_servers(self) -> str | None:
@@ -178,7 +191,10 @@ class StackStatus:
 
     def lines(self) -> list[str]:
         """Human-readable status, one line per service."""
-        return [self.kafka.line(), self.flink.line()]
+        lines = [self.kafka.line(), self.flink.line()]
+        if self.flink.running and self.prometheus_urls:
+            lines.append(f"metrics: prometheus {' '.join(self.prometheus_urls)} (JobManager, TaskManager)")
+        return lines
 
 
 class LocalStack:
@@ -279,6 +295,8 @@ class LocalStack:
 
     def _effective(self, recorded: Mapping[str, int]) -> LocalStackConfig:
         changes: dict[str, Any] = dict(recorded)
+        if "flink_rest_port" in recorded and "prometheus_port" not in recorded:
+            changes["prometheus_port"] = None  # the recorded cluster runs without the reporter
         return replace(self.config, **changes) if changes else self.config
 
     def _status(self, recorded: Mapping[str, int]) -> StackStatus:
@@ -301,16 +319,18 @@ class LocalStack:
             pids=tuple(flink_pids),
             address=config.flink_config().rest_url,
         )
-        return StackStatus(state_dir=self.state_dir, kafka=kafka, flink=flink)
+        urls = tuple(f"http://localhost:{port}/metrics" for port in config.flink_config().prometheus_ports)
+        return StackStatus(state_dir=self.state_dir, kafka=kafka, flink=flink, prometheus_urls=urls)
 
     def _check_same_ports(self, recorded: Mapping[str, int]) -> None:
         """Refuse to 'start' a service that already runs here on other ports."""
         old = self._effective(recorded)
-        checks = [("kafka", KafkaBroker(old.kafka_config()).pid() is not None,
+        checks: list[tuple[str, bool, tuple[str, ...]]] = [
+                  ("kafka", KafkaBroker(old.kafka_config()).pid() is not None,
                    ("kafka_port", "kafka_controller_port"))]  # fmt: skip
         if self.config.with_flink:
             running = bool(FlinkCluster(old.flink_config()).pids())
-            checks.append(("flink", running, ("flink_rest_port", "flink_rpc_port")))
+            checks.append(("flink", running, ("flink_rest_port", "flink_rpc_port", "prometheus_port")))
         for name, running, fields in checks:
             changed = [f for f in fields if getattr(old, f) != getattr(self.config, f)]
             if running and changed:
@@ -338,11 +358,13 @@ class LocalStack:
         if not isinstance(data, dict):
             raise _corrupt_record(path, f"a JSON {type(data).__name__}, not an object")
         bad = {
-            k: v for k, v in data.items() if k in _PORT_FIELDS and (type(v) is not int or not 0 < v < 65536)
+            k: v
+            for k, v in data.items()
+            if k in _RECORDED_FIELDS and (type(v) is not int or not 0 < v < 65536)
         }
         if bad:
             raise _corrupt_record(path, f"ports that are not ints in 1..65535: {bad}")
-        return {k: v for k, v in data.items() if k in _PORT_FIELDS}
+        return {k: v for k, v in data.items() if k in _RECORDED_FIELDS}
 
     def _record(self, recorded: Mapping[str, int]) -> None:
         ports = asdict(self.config)
@@ -350,6 +372,9 @@ class LocalStack:
         new.update({k: ports[k] for k in ("kafka_port", "kafka_controller_port")})
         if self.config.with_flink or "flink_rest_port" not in new:
             new.update({k: ports[k] for k in ("flink_rest_port", "flink_rpc_port")})
+            new.pop("prometheus_port", None)
+            if self.config.prometheus_port is not None:
+                new["prometheus_port"] = self.config.prometheus_port
         self.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_dir / (_RECORD + ".tmp")
         tmp.write_text(json.dumps(new, indent=2, sort_keys=True), encoding="utf-8")

@@ -3,6 +3,7 @@ manifest per completed checkpoint; `aisp backfill` re-scores up to its last comp
 BATCH mode; `aisp verify` proves the two equal from the manifests; a stream started where the
 backfill ended continues it with no gap and no overlap."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -67,7 +68,7 @@ def test_stream_manifests_backfill_verify_and_continuation(stack, model_assets, 
         ids = [m.checkpoint_id for m in manifests]
         assert len(set(ids)) == len(ids) and len(ids) >= 2
         by_id = sorted(manifests, key=lambda m: m.checkpoint_id)
-        for earlier, later in zip(by_id, by_id[1:], strict=False):  # the range only grows
+        for earlier, later in itertools.pairwise(by_id):  # the range only grows
             assert all(later.range.ends[p] >= end for p, end in earlier.range.ends.items())
         assert stream_manifest.mode == "streaming" and stream_manifest.summary.output_count == FIRST
         assert stream_manifest.model_files["model.onnx"] == model_assets.sha256

@@ -6,7 +6,7 @@ import pytest
 
 import pyflink_aisp.local as local
 
-MODULES = ["_cli", "_flink", "_flink_config", "_jars", "_kafka", "_procs", "_stack"]
+MODULES = ["_cli", "_container", "_flink", "_flink_config", "_jars", "_kafka", "_procs", "_stack"]
 
 
 def test_all_names_exist_and_are_sorted():

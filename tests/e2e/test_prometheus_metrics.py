@@ -1,0 +1,110 @@
+"""Flink's Prometheus reporter on the local stack: the job's `aisp` metric group is scrapeable."""
+
+import json
+import re
+import subprocess
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pyflink_aisp.datasets import load_rotten_tomatoes
+from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
+from pyflink_aisp.local import LocalStack, find_free_port, port_is_free
+
+pytestmark = pytest.mark.e2e
+
+N = 300
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS_IN = "flink_taskmanager_job_task_operator_aisp_recordsIn"
+RECORDS_OUT = "flink_taskmanager_job_task_operator_aisp_recordsOut"
+
+
+def _two_free_ports(taken: set[int]) -> int:
+    """A port N such that N and N+1 are free and not among ``taken``."""
+    while True:
+        port = find_free_port()
+        if port < 65535 and not {port, port + 1} & taken and port_is_free(port + 1):
+            return port
+
+
+def _scrape(url: str) -> dict[str, list[float]]:
+    """Metric name -> sample values of one Prometheus endpoint."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode("utf-8")
+    found: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append(sample.value)
+    return found
+
+
+def _dashboard_metrics() -> list[str]:
+    """The metric names docker/grafana/aisp-dashboard.json queries."""
+    text = (ROOT / "docker" / "grafana" / "aisp-dashboard.json").read_text()
+    names = sorted(set(re.findall(r"flink_taskmanager_job_task_operator_aisp_\w+", text)))
+    assert len(names) >= 10 and json.loads(text)["panels"]
+    return names
+
+
+def _wait_for_total(url: str, name: str, total: float, deadline_s: float) -> dict[str, list[float]]:
+    """Scrape until the samples of ``name`` add up to ``total`` (gauges lag a bundle); last scrape."""
+    end = time.monotonic() + deadline_s
+    metrics = _scrape(url)
+    while sum(metrics.get(name, [])) != total and time.monotonic() < end:
+        time.sleep(1.0)
+        metrics = _scrape(url)
+    return metrics
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, stack_config):
+    config = stack_config(tmp_path_factory.mktemp("prom"))
+    taken = {config.kafka_port, config.kafka_controller_port, config.flink_rest_port, config.flink_rpc_port}
+    stack = LocalStack(replace(config, prometheus_port=_two_free_ports(taken)))
+    stack.up()
+    yield stack
+    stack.down()
+
+
+def test_status_names_both_reporter_endpoints(stack):
+    status = stack.status()
+    port = stack.config.prometheus_port
+    urls = (f"http://localhost:{port}/metrics", f"http://localhost:{port + 1}/metrics")
+    assert status.prometheus_urls == urls
+    assert status.lines()[-1].startswith(f"metrics: prometheus http://localhost:{port}/metrics")
+
+
+def test_taskmanager_endpoint_serves_the_jobs_aisp_metrics(stack, model_assets):
+    bootstrap = str(stack.status().bootstrap_servers)
+    t_in, t_out = "prom-reviews", "prom-scores"
+    create_topics(bootstrap, [t_in, t_out])
+    reviews = load_rotten_tomatoes()[:N]
+    records = [{"id": r.id, "text": r.text} for r in reviews]
+    assert ingest_records(bootstrap, t_in, records, progress=False).delivered == N
+    cmd = stack.flink_run_command(
+        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap,
+        "--input-topic", t_in, "--output-topic", t_out, "--model-dir", str(model_assets.directory),
+        "--checkpoint-interval-ms", "1000",
+    )  # fmt: skip
+    cmd.insert(cmd.index("run") + 1, "-d")
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job_id = re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
+    try:
+        assert len(read_topic(bootstrap, t_out, min_count=N, timeout_s=180, quiet_s=2)) == N
+        by_url = {url: _scrape(url) for url in stack.status().prometheus_urls}
+        tm_urls = [url for url, m in by_url.items() if any(k.startswith("flink_taskmanager_") for k in m)]
+        jm_urls = [url for url, m in by_url.items() if any(k.startswith("flink_jobmanager_") for k in m)]
+        assert len(tm_urls) == 1 and len(jm_urls) == 1 and tm_urls != jm_urls, sorted(by_url)
+        metrics = _wait_for_total(tm_urls[0], RECORDS_IN, float(N), deadline_s=60)
+        assert sum(metrics[RECORDS_IN]) == N
+        assert sum(metrics[RECORDS_OUT]) == N
+        assert not any("_aisp_" in name for name in by_url[jm_urls[0]])
+        assert set(_dashboard_metrics()) <= set(metrics), set(_dashboard_metrics()) - set(metrics)
+        assert metrics["flink_taskmanager_job_task_operator_aisp_modelLoadTimeMs"][0] > 0
+    finally:
+        subprocess.run([cmd[0], "cancel", job_id], env=stack.flink_env(), capture_output=True, timeout=120)
