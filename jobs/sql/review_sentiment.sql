@@ -40,7 +40,9 @@ SET 'pipeline.global-job-parameters' = '{"aisp.batch.max-size": "64", "aisp.batc
 -- the async function keeps at most 2 x 64 rows in flight (its default of 10 caps batches at 10);
 -- the pandas variant gets Arrow batches of up to 1024 rows, cut into model batches of 64.
 -- A record that fails the job every time (or a model the circuit breaker stops) must not restart it
--- without end: at most 3 restarts within 5 minutes, 10 s apart.
+-- without end: at most 3 restarts within 5 minutes, 10 s apart. A checkpoint not done in 10 min is
+-- declined; the sink's transactions (1 h) outlive two checkpoint spans and a restart.
+SET 'execution.checkpointing.timeout' = '600000 ms';
 SET 'restart-strategy.type' = 'failure-rate';
 SET 'restart-strategy.failure-rate.max-failures-per-interval' = '3';
 SET 'restart-strategy.failure-rate.failure-rate-interval' = '300 s';
@@ -88,7 +90,7 @@ CREATE TEMPORARY TABLE outputs (
   'value.fields-include' = 'EXCEPT_KEY',
   'sink.delivery-guarantee' = 'exactly-once',
   'sink.transactional-id-prefix' = 'aisp-sql-review-sentiment',
-  'properties.transaction.timeout.ms' = '600000'
+  'properties.transaction.timeout.ms' = '3600000'
 );
 
 CREATE TEMPORARY SYSTEM FUNCTION sentiment AS 'pyflink_aisp.pipeline.sql.sentiment' LANGUAGE PYTHON;

@@ -100,8 +100,43 @@ def _cmd_backfill(args: argparse.Namespace, rest: list[str]) -> int:
     return run_job(options, prog="aisp backfill")
 
 
+def _cmd_transactions(args: argparse.Namespace) -> int:
+    from pyflink_aisp.kafka import abort_transactions, default_bootstrap_servers, list_transactions
+    from pyflink_aisp.pipeline._identity import live_jobs_named
+
+    servers = args.bootstrap_servers or default_bootstrap_servers()
+    prefix = args.transactional_id_prefix or args.job_name
+    if args.transactions_command == "list":
+        rows = list_transactions(servers, prefix)
+        for row in rows:
+            print(f"{row.transactional_id}\t{row.state}\tproducer {row.producer_id}\t"
+                  f"coordinator {row.coordinator}")
+        open_count = sum(r.state == "Ongoing" for r in rows)
+        print(f"{len(rows)} transactions with prefix {prefix!r}, {open_count} open")
+        return 0
+    if args.flink_rest_url and not args.force:
+        live = live_jobs_named(args.flink_rest_url, args.job_name)
+        if live:
+            raise ConfigError(f"job {args.job_name!r} is {live[0][1]} ({live[0][0]}): aborting its "
+                              "transactions would fence its producers; stop it first (or --force)")
+    aborted = abort_transactions(servers, prefix)
+    print(f"aborted {len(aborted)} open transactions: {', '.join(aborted) or '-'}")
+    return 0
+
+
 def add_alignment_commands(sub: Any) -> None:
-    """Add ``backfill`` to the ``aisp`` subparsers (``verify`` lives in :mod:`pyflink_aisp.cli`)."""
+    """Add ``backfill`` and ``transactions`` to the ``aisp`` subparsers (``verify`` lives in
+    :mod:`pyflink_aisp.cli`)."""
+    tx = sub.add_parser("transactions", help="list or abort a job's lingering Kafka transactions (KIP-664)")
+    tx.add_argument("transactions_command", choices=["list", "abort"])
+    tx.add_argument("--job-name", required=True, help="the job (its transactional id prefix unless given)")
+    tx.add_argument("--transactional-id-prefix", default=None)
+    tx.add_argument("--bootstrap-servers", default=None,
+                    help="default: $AISP_KAFKA_BOOTSTRAP, else 127.0.0.1:$AISP_KAFKA_PORT (9092)")
+    tx.add_argument("--flink-rest-url", default=None,
+                    help="abort: refuse while a job of that name is live on this cluster")
+    tx.add_argument("--force", action="store_true", help="abort even if the job looks live")
+    tx.set_defaults(func=_cmd_transactions)
     backfill = sub.add_parser(
         "backfill", help="re-score [--range-start, a running stream's last completed checkpoint) in BATCH "
                          "mode into --output-topic, with a manifest; other options as the job's",

@@ -31,6 +31,13 @@ from pyflink_aisp.kafka._tables import (
     KafkaSourceTable,
     StartupMode,
 )
+from pyflink_aisp.kafka._transactions import (
+    TransactionInfo,
+    abort_transactions,
+    broker_transaction_max_timeout_ms,
+    check_transaction_timeout,
+    list_transactions,
+)
 
 __all__ = [
     "SOURCE_HEADER",
@@ -43,6 +50,10 @@ __all__ = [
     "KafkaSourceTable",
     "StartupMode",
     "TopicInfo",
+    "TransactionInfo",
+    "abort_transactions",
+    "broker_transaction_max_timeout_ms",
+    "check_transaction_timeout",
     "create_topics",
     "decode_record",
     "decode_review",
@@ -50,6 +61,7 @@ __all__ = [
     "delete_topics",
     "ingest_records",
     "list_topics",
+    "list_transactions",
     "read_topic",
     "sink_record_limit",
     "topic_max_message_bytes",

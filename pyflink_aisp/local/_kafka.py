@@ -131,6 +131,8 @@ def render_server_properties(config: KafkaBrokerConfig) -> str:
         "offsets.topic.replication.factor": "1",
         "transaction.state.log.replication.factor": "1",
         "transaction.state.log.min.isr": "1",
+        # the packaged job's transactions last up to 1 h by default (--transaction-timeout-ms)
+        "transaction.max.timeout.ms": "7200000",
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",

@@ -39,6 +39,7 @@ from pyflink_aisp.kafka import (
     KafkaSinkTable,
     KafkaSourceTable,
     StartupMode,
+    check_transaction_timeout,
     create_topics,
     default_bootstrap_servers,
     list_topics,
@@ -167,6 +168,7 @@ def build_pipeline(
                           "--max-request-size, less 1 KiB), "
                           f"below the {MIN_RECORD_BYTES} a dead letter may need: raise the topics' "
                           f"max.message.bytes to at least {MIN_RECORD_BYTES + 1024}")
+    check_transaction_timeout(servers, options.transaction_timeout_ms)
     plan = plan or plan_input(options)
     scored = _scored_table(t_env, options, servers, handler, limit, plan)
     prefix = options.transactional_prefix
@@ -175,7 +177,8 @@ def build_pipeline(
                                     ("dlq_out", options.dlq, "dlq", True)):
         sink = KafkaSinkTable(name=name, topic=topic, bootstrap_servers=servers,
                               transactional_id_prefix=f"{prefix}-{kind}",
-                              max_request_size=options.max_request_size, with_headers=True)
+                              max_request_size=options.max_request_size, with_headers=True,
+                              transaction_timeout_ms=options.transaction_timeout_ms)
         t_env.execute_sql(sink.ddl())
         lineage = map_(lit(SOURCE_HEADER), col("source").cast(DataTypes.BYTES()))
         rows = scored.where(col("dead") == lit(dead)).select(col("key"), col("value"), lineage)

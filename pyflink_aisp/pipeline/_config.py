@@ -74,6 +74,8 @@ class PipelineOptions:
     manifest_dir: Path | None = None
     flink_rest_url: str | None = None
     checkpoint_interval_ms: int = 5000
+    checkpoint_timeout_ms: int = 600_000
+    transaction_timeout_ms: int = 3_600_000
     parallelism: int = 1
     jars: str | None = None
     max_request_size: int = 1_048_576
@@ -139,6 +141,12 @@ class PipelineOptions:
             if len(set(named.values())) < 3:
                 raise ConfigError("the input, output and dead-letter topics must differ (a job that reads "
                                   f"its own output or dead letters loops without end): {named}")
+        floor = self.min_transaction_timeout_ms
+        if self.transaction_timeout_ms < floor:
+            raise ConfigError(f"--transaction-timeout-ms {self.transaction_timeout_ms} is below {floor}: 2 x "
+                              "(--checkpoint-interval-ms + --checkpoint-timeout-ms) + --restart-delay-s, and "
+                              "2 x --timeout-s; a transaction that times out before its checkpoint commits "
+                              "is lost")
         if self.max_failure_rate is not None and self.max_failure_rate > 1:
             raise ConfigError(f"--max-failure-rate must be <= 1 (a share of the window), "
                               f"got {self.max_failure_rate}")
@@ -222,6 +230,16 @@ class PipelineOptions:
     def group(self) -> str:
         """The consumer group (the job name unless set)."""
         return self.group_id or self.name
+
+    @property
+    def min_transaction_timeout_ms(self) -> int:
+        """Smallest accepted ``transaction_timeout_ms``: a sink's transaction stays open from
+        one checkpoint until the next completes and its commit lands, and across a
+        restart; twice the longest such span (Flink Kafka connector docs, "Kafka
+        Producers and Fault Tolerance": the transaction timeout must exceed the maximum
+        checkpoint duration plus the maximum restart duration)."""
+        checkpoint_span = 2 * (self.checkpoint_interval_ms + self.checkpoint_timeout_ms)
+        return max(checkpoint_span + 1000 * self.restart_delay_s, 2 * 1000 * self.timeout_s)
 
     @property
     def transactional_prefix(self) -> str:
@@ -338,6 +356,7 @@ def flink_settings(options: PipelineOptions) -> dict[str, str]:
       during compute; ``timeout`` 10 min (a slow model backpressures instead of
       failing the job); ``retry-strategy`` ``NO_RETRY`` (the function never raises
       for a row);
+    * ``execution.checkpointing.timeout`` = ``checkpoint_timeout_ms``;
     * ``restart-strategy.type`` ``failure-rate``: at most ``restart_attempts``
       restarts within ``restart_interval_s``, ``restart_delay_s`` apart, then the
       job stays FAILED (Flink's default with checkpoints restarts without end,
@@ -349,6 +368,7 @@ def flink_settings(options: PipelineOptions) -> dict[str, str]:
     """
     size = options.max_batch_size
     return {**_restart_settings(options),
+        "execution.checkpointing.timeout": f"{options.checkpoint_timeout_ms} ms",
         "python.fn-execution.bundle.time": str(options.effective_bundle_time_ms),
         "python.fn-execution.bundle.size": str(min(2**31 - 1, max(_FLINK_DEFAULT_BUNDLE_SIZE,
                                                                   options.arrow_batch_size, 8 * size))),

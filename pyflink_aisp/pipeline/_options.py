@@ -231,6 +231,12 @@ OPTIONS: tuple[Option, ...] = (
        "(default: the cluster flink run submits to, else http://127.0.0.1:$AISP_FLINK_REST_PORT).", J),
     _o("checkpoint_interval_ms", int, 5000, "Checkpoint interval (streaming); transactions commit on "
        "each checkpoint.", J, unit="ms", minimum=1),
+    _o("checkpoint_timeout_ms", int, 600_000, "A checkpoint not completed within this long is declined "
+       "(execution.checkpointing.timeout).", J, unit="ms", minimum=1),
+    _o("transaction_timeout_ms", int, 3_600_000, "Kafka transaction.timeout.ms of the exactly-once sinks: at "
+       "least 2 x (checkpoint interval + checkpoint timeout) + restart delay and 2 x --timeout-s, so a "
+       "transaction outlives a slow checkpoint and a restart; checked against the brokers' "
+       "transaction.max.timeout.ms before the job starts.", J, unit="ms", minimum=1000),
     _o("parallelism", int, 1, "Parallelism of the job.", J, minimum=1),
     _o("jars", str, None, "pipeline.jars: ';'-separated file:// URLs of the Flink Kafka connector "
        "(default: $AISP_CONNECTOR_JARS, else the jar cache of `aisp local jars`).", J),

@@ -393,7 +393,19 @@ def test_flink_settings_without_a_latency_target() -> None:
         "restart-strategy.failure-rate.max-failures-per-interval": "3",
         "restart-strategy.failure-rate.failure-rate-interval": "300 s",
         "restart-strategy.failure-rate.delay": "10 s",
+        "execution.checkpointing.timeout": "600000 ms",
     }
+
+
+def test_the_transaction_timeout_must_outlive_two_checkpoint_spans_a_restart_and_the_record_timeout() -> None:
+    options = PipelineOptions(checkpoint_interval_ms=5_000, checkpoint_timeout_ms=600_000, restart_delay_s=10)
+    assert options.min_transaction_timeout_ms == 2 * (5_000 + 600_000) + 10_000 == 1_220_000
+    assert PipelineOptions(timeout_s=900).min_transaction_timeout_ms == 1_800_000  # 2 x the record timeout
+    PipelineOptions(transaction_timeout_ms=1_220_000)  # exactly the floor is fine
+    with pytest.raises(ConfigError, match="--transaction-timeout-ms 1219999 is below 1220000"):
+        PipelineOptions(transaction_timeout_ms=1_219_999)
+    with pytest.raises(ConfigError, match="--transaction-timeout-ms 900000 is below 1220000"):
+        PipelineOptions(input_topic="a", output_topic="b", transaction_timeout_ms=900_000)
 
 
 def test_restart_strategy_is_bounded_and_none_for_zero_attempts() -> None:
