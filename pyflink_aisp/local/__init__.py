@@ -18,6 +18,7 @@ from pyflink_aisp.local._cli import add_local_commands, run_jars_command, run_lo
 from pyflink_aisp.local._flink import FlinkCluster, flink_overview
 from pyflink_aisp.local._flink_config import (
     FlinkClusterConfig,
+    daemon_env,
     flink_env,
     flink_run_command,
     pyflink_home,
@@ -62,6 +63,7 @@ __all__ = [
     "add_local_commands",
     "broker_answers",
     "connectors_dir",
+    "daemon_env",
     "default_state_dir",
     "ensure_jars",
     "find_free_port",

@@ -39,8 +39,10 @@ ENV_VARS: Mapping[str, str] = {
     "kafka_controller_port": "AISP_KAFKA_CONTROLLER_PORT",
     "flink_rest_port": "AISP_FLINK_REST_PORT",
     "flink_rpc_port": "AISP_FLINK_RPC_PORT",
+    "flink_taskmanagers": "AISP_FLINK_TASKMANAGERS",
 }
 _PORT_FIELDS = ("kafka_port", "kafka_controller_port", "flink_rest_port", "flink_rpc_port")
+_FLINK_FIELDS = ("flink_rest_port", "flink_rpc_port", "flink_taskmanagers")  # recorded with the ports
 _RECORD = "stack.json"
 
 
@@ -61,6 +63,12 @@ class LocalStackConfig:
         flink_rest_port: Flink REST/web UI port.
         flink_rpc_port: Flink JobManager RPC port.
         with_flink: Whether ``up`` also starts the Flink cluster.
+        flink_taskmanagers: TaskManagers of the Flink cluster (each a JVM of 3 GiB
+            with 4 slots; a job of parallelism N spreads over them).
+        flink_isolated_python: Start the Flink daemons without this Python's venv
+            on PATH and without ``python.executable`` (see
+            :class:`~pyflink_aisp.local.FlinkClusterConfig`): jobs must ship their
+            Python environment (``aisp package``).
 
     Raises:
         ConfigError: Invalid or clashing ports, or an invalid service setting.
@@ -73,6 +81,8 @@ class LocalStackConfig:
     flink_rest_port: int = 8081
     flink_rpc_port: int = 6123
     with_flink: bool = True
+    flink_taskmanagers: int = 1
+    flink_isolated_python: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state_dir", Path(self.state_dir).expanduser().absolute())
@@ -112,8 +122,9 @@ class LocalStackConfig:
     def flink_config(self) -> FlinkClusterConfig:
         """The Flink cluster's settings."""
         return FlinkClusterConfig(
-            state_dir=self.state_dir, rest_port=self.flink_rest_port, rpc_port=self.flink_rpc_port
-        )
+            state_dir=self.state_dir, rest_port=self.flink_rest_port, rpc_port=self.flink_rpc_port,
+            taskmanagers=self.flink_taskmanagers, isolated_python=self.flink_isolated_python,
+        )  # fmt: skip
 
 
 def _corrupt_record(path: Path, why: str) -> ServiceError:
@@ -304,13 +315,15 @@ class LocalStack:
         return StackStatus(state_dir=self.state_dir, kafka=kafka, flink=flink)
 
     def _check_same_ports(self, recorded: Mapping[str, int]) -> None:
-        """Refuse to 'start' a service that already runs here on other ports."""
+        """Refuse to 'start' a service that already runs here on other ports (or TaskManagers)."""
         old = self._effective(recorded)
-        checks = [("kafka", KafkaBroker(old.kafka_config()).pid() is not None,
-                   ("kafka_port", "kafka_controller_port"))]  # fmt: skip
+        checks: list[tuple[str, bool, tuple[str, ...]]] = [
+            ("kafka", KafkaBroker(old.kafka_config()).pid() is not None,
+             ("kafka_port", "kafka_controller_port")),
+        ]  # fmt: skip
         if self.config.with_flink:
             running = bool(FlinkCluster(old.flink_config()).pids())
-            checks.append(("flink", running, ("flink_rest_port", "flink_rpc_port")))
+            checks.append(("flink", running, _FLINK_FIELDS))
         for name, running, fields in checks:
             changed = [f for f in fields if getattr(old, f) != getattr(self.config, f)]
             if running and changed:
@@ -318,7 +331,7 @@ class LocalStack:
                 asked = ", ".join(f"{f}={getattr(self.config, f)}" for f in changed)
                 raise EnvironmentSetupError(
                     f"{name} already runs from {self.state_dir} with {now} (asked for {asked}); "
-                    "stop it first with `aisp local down` to change ports"
+                    "stop it first with `aisp local down` to change them"
                 )
 
     def _recorded(self) -> dict[str, int]:
@@ -342,14 +355,17 @@ class LocalStack:
         }
         if bad:
             raise _corrupt_record(path, f"ports that are not ints in 1..65535: {bad}")
-        return {k: v for k, v in data.items() if k in _PORT_FIELDS}
+        taskmanagers = data.get("flink_taskmanagers", 1)
+        if type(taskmanagers) is not int or taskmanagers < 1:
+            raise _corrupt_record(path, f"flink_taskmanagers is not an int >= 1: {taskmanagers!r}")
+        return {k: v for k, v in data.items() if k in (*_PORT_FIELDS, *_FLINK_FIELDS)}
 
     def _record(self, recorded: Mapping[str, int]) -> None:
         ports = asdict(self.config)
         new = dict(recorded)
         new.update({k: ports[k] for k in ("kafka_port", "kafka_controller_port")})
         if self.config.with_flink or "flink_rest_port" not in new:
-            new.update({k: ports[k] for k in ("flink_rest_port", "flink_rpc_port")})
+            new.update({k: ports[k] for k in _FLINK_FIELDS})
         self.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_dir / (_RECORD + ".tmp")
         tmp.write_text(json.dumps(new, indent=2, sort_keys=True), encoding="utf-8")
