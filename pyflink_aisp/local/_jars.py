@@ -2,7 +2,8 @@
 
 ``ensure_jars(JarKind.KAFKA_BROKER)`` gives the Kafka broker classpath,
 ``ensure_jars(JarKind.FLINK)`` the Flink Kafka SQL connector (uber jar) that jobs
-load through ``pipeline.jars``. Jars land in ``<aisp_home>/jars/<kind>/`` next to
+load through ``pipeline.jars``, ``ensure_jars(JarKind.SQL_GATEWAY)`` the SQL gateway
+jar that ``bin/sql-client.sh`` needs (``aisp sql``). Jars land in ``<aisp_home>/jars/<kind>/`` next to
 a marker holding the pom's sha256, so editing a pom re-resolves on next use.
 """
 
@@ -41,11 +42,16 @@ class JarKind(StrEnum):
 
     KAFKA_BROKER = "kafka-broker"
     FLINK = "flink"
+    SQL_GATEWAY = "sql-gateway"
 
     @property
     def pom_name(self) -> str:
         """File name of the pom in ``connectors/`` that pins this set."""
-        return {"kafka-broker": "kafka-broker.pom.xml", "flink": "flink-connectors.pom.xml"}[self.value]
+        return {
+            "kafka-broker": "kafka-broker.pom.xml",
+            "flink": "flink-connectors.pom.xml",
+            "sql-gateway": "flink-sql-gateway.pom.xml",
+        }[self.value]
 
 
 def require_tools(*names: str) -> dict[str, str]:
