@@ -31,14 +31,21 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _opt_dir(stack: LocalStack) -> Path:
-    """``<state_dir>/flink/sql-opt``: links to the wheel's ``opt/*.jar`` and the gateway jar."""
+    """``<state_dir>/flink/sql-opt``: links to the wheel's ``opt/*.jar`` and the gateway jar
+    (links already right are left alone, so concurrent calls do not pull them away)."""
     folder = stack.flink_config().flink_dir / "sql-opt"
     folder.mkdir(parents=True, exist_ok=True)
-    jars = [*sorted((pyflink_home() / "opt").glob("*.jar")), *ensure_jars(JarKind.SQL_GATEWAY)]
-    for old in folder.glob("*.jar"):
-        old.unlink()
-    for jar in jars:
-        (folder / jar.name).symlink_to(jar)
+    jars = {jar.name: jar for jar in [*sorted((pyflink_home() / "opt").glob("*.jar")),
+                                      *ensure_jars(JarKind.SQL_GATEWAY)]}  # fmt: skip
+    for link in folder.glob("*.jar"):
+        if link.name not in jars:
+            link.unlink(missing_ok=True)
+    for name, jar in jars.items():
+        link = folder / name
+        if link.is_symlink() and link.resolve() == jar.resolve():
+            continue
+        link.unlink(missing_ok=True)
+        link.symlink_to(jar)
     return folder
 
 
