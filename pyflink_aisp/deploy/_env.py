@@ -6,7 +6,8 @@ and starts ``-pyexec aisp-env/venv/bin/python`` there (the client does the same
 for ``-pyclientexec``). The venv is made by uv (``uv venv --relocatable``: its
 scripts and activation find the venv from their own location) and holds this
 project as a regular (non-editable) install with its runtime dependencies only
-(``[project.dependencies]``: no dev extras, no torch).
+(``[project.dependencies]``: no dev extras, no torch), at the versions installed
+beside this package (:func:`installed_pins` as uv constraints).
 
 What it does not hold: CPython itself. ``venv/bin/python`` links to the base
 interpreter the venv was made from (its path is in ``venv/pyvenv.cfg``), so every
@@ -15,7 +16,7 @@ TaskManager needs that CPython 3.11 at the same path, as Flink's own
 
 Cached under ``<aisp_home>/packages/envs/`` by a key over what goes in
 (``pyproject.toml``, every file of the ``pyflink_aisp`` package, the base
-interpreter, uv's version; the two newest are kept): a second ``aisp package``
+interpreter, uv's version, the pinned versions; the two newest are kept): a second ``aisp package``
 with nothing changed reuses the archive (about 1 GB unpacked, 0.6 GB packed; building it takes
 ~1.5 min here, most of it gzip).
 """
@@ -23,6 +24,7 @@ with nothing changed reuses the archive (about 1 GB unpacked, 0.6 GB packed; bui
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -35,7 +37,14 @@ from pathlib import Path
 from pyflink_aisp._home import aisp_home, project_root
 from pyflink_aisp.errors import EnvironmentSetupError
 
-__all__ = ["ENV_ARCHIVE_TARGET", "EnvArchive", "base_python", "ensure_env_archive", "env_key"]
+__all__ = [
+    "ENV_ARCHIVE_TARGET",
+    "EnvArchive",
+    "base_python",
+    "ensure_env_archive",
+    "env_key",
+    "installed_pins",
+]
 
 #: Folder name the archive is extracted to on the workers (``-pyarch FILE#aisp-env``).
 ENV_ARCHIVE_TARGET = "aisp-env"
@@ -118,7 +127,8 @@ def ensure_env_archive(cache_dir: Path | None = None) -> EnvArchive:
                                     "(`pip install -e .`)")  # fmt: skip
     uv = _uv()
     python = base_python()
-    key = env_key(root, python, _uv_version(uv))
+    pins = installed_pins()
+    key = env_key(root, python, f"{_uv_version(uv)}\n{pins}")
     folder = cache_dir or aisp_home() / "packages" / "envs"
     target = folder / f"aisp-env-{key[:16]}.tar.gz"
     if target.is_file():
@@ -126,15 +136,32 @@ def ensure_env_archive(cache_dir: Path | None = None) -> EnvArchive:
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".aisp-env-", dir=folder) as tmp:
         venv = Path(tmp) / _VENV
+        constraints = Path(tmp) / "constraints.txt"
+        constraints.write_text(pins, encoding="utf-8")
         _run([uv, "venv", "--relocatable", "--python", str(python), str(venv)])
         _run([uv, "pip", "install", "--python", str(venv / "bin" / "python"), "--link-mode", "copy",
-              "--compile-bytecode", str(root)])  # fmt: skip
+              "--compile-bytecode", "--constraint", str(constraints), str(root)])  # fmt: skip
         partial = Path(tmp) / target.name
         with tarfile.open(partial, "w:gz", compresslevel=1) as tar:
             tar.add(venv, arcname=_VENV, filter=_without_flink_distribution)
         os.replace(partial, target)  # atomic: a reader never sees half an archive
     _prune(folder, keep=_KEEP_ARCHIVES)
     return EnvArchive(path=target, key=key, built=True, size_bytes=target.stat().st_size)
+
+
+def installed_pins() -> str:
+    """``name==version`` of every distribution installed beside this package, one a line, sorted.
+
+    Passed to uv as constraints, so the archive holds the versions the project was
+    tested with here (not whatever PyPI has newest within ``pyproject.toml``'s ranges);
+    part of the cache key.
+    """
+    pins = set()
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and name.lower().replace("_", "-") != "pyflink-aisp":
+            pins.add(f"{name}=={dist.version}")
+    return "".join(f"{pin}\n" for pin in sorted(pins, key=str.lower))
 
 
 def _prune(folder: Path, keep: int) -> None:

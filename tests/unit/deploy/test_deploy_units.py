@@ -140,3 +140,15 @@ def test_the_env_cache_keeps_the_two_newest_archives(tmp_path):
     _prune(tmp_path, keep=2)
     kept = sorted(p.name for p in tmp_path.iterdir())
     assert kept == ["aisp-env-b.tar.gz", "aisp-env-c.tar.gz", "other.txt"]
+
+
+def test_the_archive_is_pinned_to_the_versions_installed_here():
+    import importlib.metadata
+
+    from pyflink_aisp.deploy._env import installed_pins
+
+    pins = installed_pins().splitlines()
+    assert f"apache-flink=={importlib.metadata.version('apache-flink')}" in pins
+    assert f"tokenizers=={importlib.metadata.version('tokenizers')}" in pins
+    assert not any(pin.lower().startswith(("pyflink-aisp==", "pyflink_aisp==")) for pin in pins)
+    assert pins == sorted(pins, key=str.lower) and all("==" in pin for pin in pins)
