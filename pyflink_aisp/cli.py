@@ -3,7 +3,8 @@
 Subcommands: ``local up|down|status`` (embedded Kafka broker + Flink cluster),
 ``model build|publish``, ``ingest`` (real reviews → Kafka), ``verify`` (two runs'
 outputs or manifests agree), ``backfill`` (re-score up to a stream's checkpoint),
-``demo`` (the main job end to end). Exit status 0 on success, 1 on
+``demo`` (the main job end to end), ``package`` (the job for a cluster without the
+venv), ``sql`` (Flink SQL on the local cluster). Exit status 0 on success, 1 on
 a pyflink-aisp error (printed), 2 on bad usage, 3 when ``verify`` finds a difference.
 """
 
@@ -111,12 +112,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``aisp`` argument parser."""
+    from pyflink_aisp.deploy._cli import add_deploy_commands
     from pyflink_aisp.local import add_container_commands, add_local_commands
 
     parser = argparse.ArgumentParser(prog="aisp", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_local_commands(sub)
     add_container_commands(sub)
+    add_deploy_commands(sub)
     from pyflink_aisp.alignment._cli import add_alignment_commands
 
     add_alignment_commands(sub)

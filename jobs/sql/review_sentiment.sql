@@ -6,19 +6,16 @@
 -- to `scores-sql`, keyed by id; rows without a text (absent, null or not a string) and rows
 -- whose inference failed go to `scores-sql.dlq` with the reason and their Kafka coordinates.
 --
--- Run it on the local stack (`aisp local up`, then `aisp ingest --topic reviews`) from the
--- project root, with the venv's Python for the client and the workers:
+-- Run it on the local stack (`aisp local up`, then `aisp ingest --topic reviews`) in one command:
 --
---   PYFLINK=$(.venv/bin/python -c 'import pyflink, os; print(os.path.dirname(pyflink.__file__))')
---   # once: the wheel's sql-client.sh needs the SQL gateway jar, which the PyFlink wheel does not ship
---   mvn -q dependency:copy -Dartifact=org.apache.flink:flink-sql-gateway:2.3.0 -DoutputDirectory=$PYFLINK/opt
---   FLINK_CONF_DIR=.aisp/local/flink/conf $PYFLINK/bin/sql-client.sh \
---     -j .aisp/jars/flink/flink-sql-connector-kafka-5.0.0-2.2.jar -j $PYFLINK/opt/flink-python-2.3.0.jar \
---     -pyexec "$PWD/.venv/bin/python" -pyclientexec "$PWD/.venv/bin/python" \
---     -f jobs/sql/review_sentiment.sql
+--   .venv/bin/aisp sql jobs/sql/review_sentiment.sql
 --
--- (the SQL client submits the job to the cluster of FLINK_CONF_DIR and returns; stop it with
--- `aisp local flink stop JOB_ID`). Other topics or broker: edit the WITH clauses below.
+-- (Flink's SQL client with the cluster's FLINK_CONF_DIR, the Kafka connector, flink-python and SQL
+-- gateway jars, and the venv's Python for the client and the workers; it prints the job id.
+-- `aisp sql` with no file opens an interactive session against the same cluster.)
+--
+-- The SQL client submits the job to the local cluster and returns; stop it with
+-- `aisp local flink stop JOB_ID`. Other topics or broker: edit the WITH clauses below.
 -- BATCH instead of STREAMING: set 'execution.runtime-mode' to 'batch' and add
 -- 'scan.bounded.mode' = 'latest-offset' to the source (it then reads up to the offsets at start).
 --

@@ -28,6 +28,7 @@ from pyflink_aisp.local._container import (
 from pyflink_aisp.local._flink import FlinkCluster, flink_overview
 from pyflink_aisp.local._flink_config import (
     FlinkClusterConfig,
+    daemon_env,
     flink_env,
     flink_run_command,
     prometheus_settings,
@@ -79,6 +80,7 @@ __all__ = [
     "connectors_dir",
     "container_flink_config",
     "container_kafka_config",
+    "daemon_env",
     "default_state_dir",
     "ensure_jars",
     "find_free_port",

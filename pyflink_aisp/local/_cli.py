@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pyflink_aisp.errors import AispError
-from pyflink_aisp.local._flink_config import pyflink_home
+from pyflink_aisp.local._flink_config import MAX_TASKMANAGERS, pyflink_home
 from pyflink_aisp.local._jars import JarKind, ensure_jars
 from pyflink_aisp.local._stack import ENV_VARS, LocalStack, LocalStackConfig
 
@@ -40,6 +40,26 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         help=f"enable Flink's Prometheus metrics reporter on ports N (JobManager) and N+1 (TaskManager) "
         f"(env {ENV_VARS['prometheus_port']}; default off)",
     )  # fmt: skip
+    parser.add_argument(
+        "--taskmanagers", type=_taskmanagers, default=None, dest="flink_taskmanagers",
+        help=f"Flink TaskManagers to start, each a JVM with 4 slots "
+             f"(env {ENV_VARS['flink_taskmanagers']}; default 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--isolated-python", action="store_true",
+        help="start the Flink daemons without this venv (PATH, PYTHONPATH, python.executable): "
+             "jobs must ship their Python environment (`aisp package`)",
+    )  # fmt: skip
+
+
+def _taskmanagers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_TASKMANAGERS:
+        raise argparse.ArgumentTypeError(f"must be an integer in 1..{MAX_TASKMANAGERS}, got {text!r}")
+    return value
 
 
 def add_local_commands(subparsers: Any) -> argparse.ArgumentParser:
@@ -133,6 +153,8 @@ def run_local_command(args: argparse.Namespace, out: TextIO | None = None) -> in
             flink_rest_port=args.flink_rest_port,
             with_flink=False if args.no_flink else None,
             prometheus_port=getattr(args, "prometheus_port", None),
+            flink_taskmanagers=getattr(args, "flink_taskmanagers", None),  # older callers' Namespaces
+            flink_isolated_python=True if getattr(args, "isolated_python", False) else None,
         )
         stack = LocalStack(config)
         started = time.monotonic()

@@ -1,4 +1,4 @@
-"""Flink standalone cluster (one JobManager, one TaskManager) from PyFlink's own ``bin/``.
+"""Flink standalone cluster (one JobManager, N TaskManagers) from PyFlink's own ``bin/``.
 
 The scripts run with the environment of :func:`flink_env` (conf, log and pid
 dirs under ``<state_dir>/flink``, see ``_flink_config``). The daemons record
@@ -21,6 +21,7 @@ from pyflink_aisp.errors import EnvironmentSetupError, ServiceError
 from pyflink_aisp.local._flink_config import (
     IDENT,
     FlinkClusterConfig,
+    daemon_env,
     flink_env,
     flink_run_command,
     pyflink_home,
@@ -132,8 +133,8 @@ class FlinkCluster:
         overview = self.overview(timeout_s)
         return (
             overview is not None
-            and int(overview.get("taskmanagers", 0)) >= 1
-            and int(overview.get("slots-total", 0)) >= 1
+            and int(overview.get("taskmanagers", 0)) >= self.config.taskmanagers
+            and int(overview.get("slots-total", 0)) >= self.config.taskmanagers
         )
 
     def start(self) -> list[int]:
@@ -155,10 +156,11 @@ class FlinkCluster:
         self.preflight()
         daemons = self._daemon_pids()
         jm, tm = daemons[_JM], daemons[_TM]
-        if jm and tm and not self._orphaned(daemons):
+        if jm and len(tm) >= self.config.taskmanagers and not self._orphaned(daemons):
             self._wait_ready(jm + tm)
             return jm + tm
-        if jm and not tm and not self._orphaned(daemons) and self._jobmanager_answers(jm[0]):
+        if (jm and not tm and self.config.taskmanagers == 1 and not self._orphaned(daemons)
+                and self._jobmanager_answers(jm[0])):
             return self._start_taskmanager(jm[0])
         if jm or tm:
             _log.warning("Flink cluster only partly running or without pid files (pids %s); "
@@ -216,9 +218,10 @@ class FlinkCluster:
 
     def _wait_daemons_up(self, ready: Callable[[], bool] | None = None) -> list[int]:
         # a just-forked daemon may not have exec'ed java yet: poll its command line briefly
-        wait_until(lambda: len(self.pids()) >= len(_DAEMONS), 10.0, 0.1)
+        expected = 1 + self.config.taskmanagers
+        wait_until(lambda: len(self.pids()) >= expected, 10.0, 0.1)
         running = self.pids()
-        if len(running) < len(_DAEMONS):
+        if len(running) < expected:
             raise ServiceError(f"Flink daemons did not stay up (pids {running})\n{self._log_tail()}")
         self._wait_ready(running, ready)
         return running
@@ -261,7 +264,7 @@ class FlinkCluster:
         script = pyflink_home() / "bin" / name
         try:
             proc = subprocess.run(
-                ["bash", str(script), *args], env=self.env(), capture_output=True, text=True,
+                ["bash", str(script), *args], env=daemon_env(self.config), capture_output=True, text=True,
                 timeout=120, check=False, start_new_session=True,
             )  # fmt: skip
         except subprocess.TimeoutExpired as exc:

@@ -27,6 +27,7 @@ from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
 __all__ = [
     "PROMETHEUS_FACTORY",
     "FlinkClusterConfig",
+    "daemon_env",
     "flink_env",
     "flink_run_command",
     "prometheus_settings",
@@ -36,6 +37,8 @@ __all__ = [
 ]
 
 IDENT = "aisp"  # FLINK_IDENT_STRING: names the daemons' pid and log files
+MAX_TASKMANAGERS = 16  # one host: each TaskManager is a JVM of taskmanager_memory_mb
+_PYTHON_ENV_VARS = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYFLINK_CLIENT_EXECUTABLE")
 
 
 def pyflink_home() -> Path:
@@ -67,6 +70,9 @@ class FlinkClusterConfig:
         rest_port: REST API / web UI port (``rest.port``); jobs are submitted here.
         rpc_port: JobManager RPC port (``jobmanager.rpc.port``).
         task_slots: ``taskmanager.numberOfTaskSlots``.
+        taskmanagers: TaskManager processes to start on this host (the ``workers``
+            file lists ``localhost`` once per TaskManager); with more than one,
+            ``taskmanager.load-balance.mode: slots`` spreads a job's slots over them.
         jobmanager_memory_mb: ``jobmanager.memory.process.size``, MiB.
         taskmanager_memory_mb: ``taskmanager.memory.process.size``, MiB.
         managed_memory_mb: ``taskmanager.memory.managed.size``, MiB. Python
@@ -87,6 +93,10 @@ class FlinkClusterConfig:
         prometheus_port_count: Ports ``prometheus_port .. + count - 1`` form the
             reporter's range: each daemon on a host takes the first free one (2 on
             the local stack: JobManager, TaskManager; 1 in a container).
+        isolated_python: Start the daemons without this client's Python: PATH
+            without the venv's ``bin/``, no ``PYTHONPATH``/``VIRTUAL_ENV``/``PYTHONHOME``,
+            and no ``python.executable`` in ``config.yaml``, as on a cluster whose
+            TaskManagers have no project venv (jobs bring their own, ``aisp package``).
         extra_config: More ``config.yaml`` entries (flat keys), applied last.
         start_timeout_s: How long ``start`` waits for a registered TaskManager.
         stop_timeout_s: Grace period after SIGTERM before SIGKILL, seconds.
@@ -100,6 +110,7 @@ class FlinkClusterConfig:
     rest_port: int = 8081
     rpc_port: int = 6123
     task_slots: int = 4
+    taskmanagers: int = 1
     jobmanager_memory_mb: int = 1024
     taskmanager_memory_mb: int = 3072
     managed_memory_mb: int = 512
@@ -109,6 +120,7 @@ class FlinkClusterConfig:
     bind_host: str = "localhost"
     prometheus_port: int | None = None
     prometheus_port_count: int = 2
+    isolated_python: bool = False
     extra_config: Mapping[str, str] = field(default_factory=dict)
     start_timeout_s: float = 90.0
     stop_timeout_s: float = 20.0
@@ -123,6 +135,9 @@ class FlinkClusterConfig:
         if self.rest_port == self.rpc_port:
             raise ConfigError(f"rest_port and rpc_port must differ (both {self.rest_port})")
         _positive_int("task_slots", self.task_slots)
+        _positive_int("taskmanagers", self.taskmanagers)
+        if self.taskmanagers > MAX_TASKMANAGERS:
+            raise ConfigError(f"taskmanagers must be <= {MAX_TASKMANAGERS}, got {self.taskmanagers}")
         _positive_int("jobmanager_memory_mb", self.jobmanager_memory_mb, 768)
         _positive_int("taskmanager_memory_mb", self.taskmanager_memory_mb, 1024)
         _positive_int("managed_memory_mb", self.managed_memory_mb, 0)
@@ -233,6 +248,11 @@ def render_flink_config(config: FlinkClusterConfig, base: Mapping[str, Any]) -> 
         }
     )
     flat.update(prometheus_settings(config))
+    if config.taskmanagers > 1:
+        flat["taskmanager.load-balance.mode"] = "slots"
+    if config.isolated_python:
+        for key in ("python.executable", "python.client.executable"):
+            flat.pop(key, None)
     flat.update(config.extra_config)
     header = "# Written by pyflink_aisp.local from pyflink/conf/config.yaml; rewritten on `up`.\n"
     return header + yaml.safe_dump(flat, sort_keys=False, default_flow_style=False, width=100000)
@@ -282,7 +302,7 @@ def write_flink_conf_dir(config: FlinkClusterConfig) -> Path:
     base = yaml.safe_load((source / "config.yaml").read_text(encoding="utf-8")) or {}
     (conf / "config.yaml").write_text(render_flink_config(config, base), "utf-8")
     (conf / "masters").write_text(f"{config.jobmanager_host}:{config.rest_port}\n", "utf-8")
-    (conf / "workers").write_text(f"{config.taskmanager_host}\n", "utf-8")
+    (conf / "workers").write_text(f"{config.taskmanager_host}\n" * config.taskmanagers, "utf-8")
     for folder in (config.log_dir, config.pid_dir):
         folder.mkdir(parents=True, exist_ok=True)
     return conf
@@ -327,6 +347,29 @@ def flink_env(config: FlinkClusterConfig | None = None) -> dict[str, str]:
             "PYFLINK_CLIENT_EXECUTABLE": config.python_executable,
         }
     )
+    return env
+
+
+def daemon_env(config: FlinkClusterConfig) -> dict[str, str]:
+    """Environment the cluster's daemons start with: :func:`flink_env`, and with
+    ``isolated_python`` without any trace of this client's Python environment.
+
+    Isolated: ``PYTHONPATH``, ``PYTHONHOME``, ``VIRTUAL_ENV`` and
+    ``PYFLINK_CLIENT_EXECUTABLE`` are removed, and PATH loses every entry inside
+    this interpreter's ``sys.prefix`` (the venv's ``bin/``) or holding
+    ``python_executable``, so a Python worker finds no project packages unless its
+    job ships them (``flink run -pyarch``).
+    """
+    env = flink_env(config)
+    if not config.isolated_python:
+        return env
+    for name in _PYTHON_ENV_VARS:
+        env.pop(name, None)
+    prefix = Path(sys.prefix).absolute()
+    banned = {Path(config.python_executable).parent.absolute(), Path(sys.executable).parent.absolute()}
+    entries = [Path(entry).absolute() for entry in env.get("PATH", "").split(os.pathsep) if entry]
+    kept = [str(p) for p in entries if p not in banned and not p.is_relative_to(prefix)]
+    env["PATH"] = os.pathsep.join(kept)
     return env
 
 

@@ -2,9 +2,10 @@
 
 ``ensure_jars(JarKind.KAFKA_BROKER)`` gives the Kafka broker classpath,
 ``ensure_jars(JarKind.FLINK)`` the Flink Kafka SQL connector (uber jar) that jobs
-load through ``pipeline.jars``, ``ensure_jars(JarKind.K8S_OPERATOR)`` the Flink
-Kubernetes Operator's API jar (its CRD schemas, for the manifest checks). Jars land
-in ``<aisp_home>/jars/<kind>/`` next to a marker holding the pom's sha256, so editing
+load through ``pipeline.jars``, ``ensure_jars(JarKind.SQL_GATEWAY)`` the SQL gateway
+jar that ``bin/sql-client.sh`` needs (``aisp sql``), ``ensure_jars(JarKind.K8S_OPERATOR)``
+the Flink Kubernetes Operator's API jar (its CRD schemas, for the manifest checks). Jars
+land in ``<aisp_home>/jars/<kind>/`` next to a marker holding the pom's sha256, so editing
 a pom re-resolves on next use.
 """
 
@@ -43,18 +44,19 @@ class JarKind(StrEnum):
 
     KAFKA_BROKER = "kafka-broker"
     FLINK = "flink"
+    SQL_GATEWAY = "sql-gateway"
     #: the Flink Kubernetes Operator's API jar (its CRDs; read by the manifest checks, never run)
     K8S_OPERATOR = "flink-kubernetes-operator"
 
     @property
     def pom_name(self) -> str:
         """File name of the pom in ``connectors/`` that pins this set."""
-        names = {
+        return {
             "kafka-broker": "kafka-broker.pom.xml",
             "flink": "flink-connectors.pom.xml",
+            "sql-gateway": "flink-sql-gateway.pom.xml",
             "flink-kubernetes-operator": "flink-kubernetes-operator.pom.xml",
-        }
-        return names[self.value]
+        }[self.value]
 
 
 def require_tools(*names: str) -> dict[str, str]:

@@ -40,9 +40,11 @@ ENV_VARS: Mapping[str, str] = {
     "flink_rest_port": "AISP_FLINK_REST_PORT",
     "flink_rpc_port": "AISP_FLINK_RPC_PORT",
     "prometheus_port": "AISP_PROMETHEUS_PORT",
+    "flink_taskmanagers": "AISP_FLINK_TASKMANAGERS",
 }
 _PORT_FIELDS = ("kafka_port", "kafka_controller_port", "flink_rest_port", "flink_rpc_port")
-_RECORDED_FIELDS = (*_PORT_FIELDS, "prometheus_port")
+_FLINK_FIELDS = ("flink_rest_port", "flink_rpc_port", "flink_taskmanagers")  # recorded with the ports
+_RECORDED_FIELDS = (*_PORT_FIELDS, *_FLINK_FIELDS, "prometheus_port")
 _RECORD = "stack.json"
 
 
@@ -65,6 +67,12 @@ class LocalStackConfig:
         with_flink: Whether ``up`` also starts the Flink cluster.
         prometheus_port: First of two ports (JobManager, TaskManager: each takes the
             first free one) of Flink's Prometheus metrics reporter; None: off.
+        flink_taskmanagers: TaskManagers of the Flink cluster (each a JVM of 3 GiB
+            with 4 slots; a job of parallelism N spreads over them).
+        flink_isolated_python: Start the Flink daemons without this Python's venv
+            on PATH and without ``python.executable`` (see
+            :class:`~pyflink_aisp.local.FlinkClusterConfig`): jobs must ship their
+            Python environment (``aisp package``).
 
     Raises:
         ConfigError: Invalid or clashing ports, or an invalid service setting.
@@ -78,6 +86,8 @@ class LocalStackConfig:
     flink_rpc_port: int = 6123
     with_flink: bool = True
     prometheus_port: int | None = None
+    flink_taskmanagers: int = 1
+    flink_isolated_python: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state_dir", Path(self.state_dir).expanduser().absolute())
@@ -121,11 +131,15 @@ class LocalStackConfig:
     def flink_config(self) -> FlinkClusterConfig:
         """The Flink cluster's settings."""
         return FlinkClusterConfig(
-            state_dir=self.state_dir,
-            rest_port=self.flink_rest_port,
-            rpc_port=self.flink_rpc_port,
-            prometheus_port=self.prometheus_port,
-        )
+            state_dir=self.state_dir, rest_port=self.flink_rest_port, rpc_port=self.flink_rpc_port,
+            taskmanagers=self.flink_taskmanagers, isolated_python=self.flink_isolated_python,
+            prometheus_port=self.prometheus_port, prometheus_port_count=1 + _count(self.flink_taskmanagers),
+        )  # fmt: skip
+
+
+def _count(value: Any) -> int:
+    """``value`` if it is a real int (not bool), else 1: FlinkClusterConfig then refuses the bad value."""
+    return value if type(value) is int and value > 0 else 1
 
 
 def _corrupt_record(path: Path, why: str) -> ServiceError:
@@ -323,14 +337,15 @@ class LocalStack:
         return StackStatus(state_dir=self.state_dir, kafka=kafka, flink=flink, prometheus_urls=urls)
 
     def _check_same_ports(self, recorded: Mapping[str, int]) -> None:
-        """Refuse to 'start' a service that already runs here on other ports."""
+        """Refuse to 'start' a service that already runs here on other ports (or TaskManagers)."""
         old = self._effective(recorded)
         checks: list[tuple[str, bool, tuple[str, ...]]] = [
-                  ("kafka", KafkaBroker(old.kafka_config()).pid() is not None,
-                   ("kafka_port", "kafka_controller_port"))]  # fmt: skip
+            ("kafka", KafkaBroker(old.kafka_config()).pid() is not None,
+             ("kafka_port", "kafka_controller_port")),
+        ]  # fmt: skip
         if self.config.with_flink:
             running = bool(FlinkCluster(old.flink_config()).pids())
-            checks.append(("flink", running, ("flink_rest_port", "flink_rpc_port", "prometheus_port")))
+            checks.append(("flink", running, (*_FLINK_FIELDS, "prometheus_port")))
         for name, running, fields in checks:
             changed = [f for f in fields if getattr(old, f) != getattr(self.config, f)]
             if running and changed:
@@ -338,7 +353,7 @@ class LocalStack:
                 asked = ", ".join(f"{f}={getattr(self.config, f)}" for f in changed)
                 raise EnvironmentSetupError(
                     f"{name} already runs from {self.state_dir} with {now} (asked for {asked}); "
-                    "stop it first with `aisp local down` to change ports"
+                    "stop it first with `aisp local down` to change them"
                 )
 
     def _recorded(self) -> dict[str, int]:
@@ -360,10 +375,14 @@ class LocalStack:
         bad = {
             k: v
             for k, v in data.items()
-            if k in _RECORDED_FIELDS and (type(v) is not int or not 0 < v < 65536)
+            if k in _RECORDED_FIELDS and k != "flink_taskmanagers"
+            and (type(v) is not int or not 0 < v < 65536)
         }
         if bad:
             raise _corrupt_record(path, f"ports that are not ints in 1..65535: {bad}")
+        taskmanagers = data.get("flink_taskmanagers", 1)
+        if type(taskmanagers) is not int or taskmanagers < 1:
+            raise _corrupt_record(path, f"flink_taskmanagers is not an int >= 1: {taskmanagers!r}")
         return {k: v for k, v in data.items() if k in _RECORDED_FIELDS}
 
     def _record(self, recorded: Mapping[str, int]) -> None:
@@ -371,7 +390,7 @@ class LocalStack:
         new = dict(recorded)
         new.update({k: ports[k] for k in ("kafka_port", "kafka_controller_port")})
         if self.config.with_flink or "flink_rest_port" not in new:
-            new.update({k: ports[k] for k in ("flink_rest_port", "flink_rpc_port")})
+            new.update({k: ports[k] for k in _FLINK_FIELDS})
             new.pop("prometheus_port", None)
             if self.config.prometheus_port is not None:
                 new["prometheus_port"] = self.config.prometheus_port

@@ -94,7 +94,9 @@ def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
     env = StreamExecutionEnvironment.get_execution_environment(conf)
     env.add_jars(*jars)
     # `flink run -pyexec` (or the cluster's python.executable) names the workers' Python; else this one
-    env.set_python_executable(check_python(_configured_python(env) or sys.executable))
+    config = _env_config(env)
+    python = config.get("python.executable") or sys.executable
+    env.set_python_executable(check_python(python, config.get("python.archives")))
     env.set_parallelism(options.parallelism)
     if options.mode == "batch":
         env.set_runtime_mode(RuntimeExecutionMode.BATCH)
@@ -117,11 +119,6 @@ def _env_config(env: StreamExecutionEnvironment) -> dict[str, str]:
     util = get_gateway().jvm.org.apache.flink.python.util.PythonConfigUtil
     config = util.getEnvironmentConfig(env._j_stream_execution_environment).toMap()
     return {str(k): str(config.get(k)) for k in config.keySet()}
-
-
-def _configured_python(env: StreamExecutionEnvironment) -> str | None:
-    """``python.executable`` of the environment's configuration (``-pyexec``, config.yaml), if set."""
-    return _env_config(env).get("python.executable") or None
 
 
 def build_pipeline(

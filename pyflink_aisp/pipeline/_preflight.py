@@ -16,7 +16,10 @@ the operator. :func:`preflight` checks, on the client:
   PyTorch, the CUDA/TensorRT execution provider for ONNX Runtime);
 * the workers' Python executable exists and is executable. A bare name is
   looked up on this host's ``PATH``; on a remote cluster the TaskManagers must
-  have the same path (this host is all the client can check).
+  have the same path (this host is all the client can check). A relative path
+  inside a Python archive of the job (``flink run -pyarch env.tar.gz#env -pyexec
+  env/venv/bin/python``, ``aisp package``) is extracted on the workers only: then
+  the archive must be a readable file here.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.pipeline._config import PipelineOptions
 from pyflink_aisp.pipeline._options import InferenceRuntime
 
-__all__ = ["KAFKA_FACTORY", "check_connector_jars", "check_device", "check_model_paths", "check_python",
-           "nvidia_gpu_count", "preflight"]
+__all__ = ["KAFKA_FACTORY", "archive_targets", "check_connector_jars", "check_device", "check_model_paths",
+           "check_python", "nvidia_gpu_count", "preflight"]
 
 #: The table factory of ``'connector' = 'kafka'`` in flink-sql-connector-kafka (4.x, 5.x).
 KAFKA_FACTORY = "org.apache.flink.streaming.connectors.kafka.table.KafkaDynamicTableFactory"
@@ -195,12 +198,41 @@ def nvidia_gpu_count() -> tuple[int, str]:
         pynvml.nvmlShutdown()
 
 
-def check_python(executable: str) -> str:
-    """The workers' Python executable as an absolute path.
+def archive_targets(archives: str | None) -> dict[str, str]:
+    """``python.archives`` (``-pyarch``) as {target folder: archive path}.
+
+    Flink's format: comma-separated ``path[#target]``; without ``#`` the target is
+    the archive's file name.
+    """
+    targets: dict[str, str] = {}
+    for item in (archives or "").split(","):
+        item = item.strip()
+        if item:
+            path, _, target = item.partition("#")
+            targets[target or Path(urlparse(path).path or path).name] = path
+    return targets
+
+
+def check_python(executable: str, archives: str | None = None) -> str:
+    """The workers' Python executable as an absolute path, or as given when it lies
+    in one of the job's Python archives (then the archive is checked instead).
+
+    Args:
+        executable: ``python.executable`` (``-pyexec``).
+        archives: ``python.archives`` (``-pyarch``), if any.
 
     Raises:
-        ConfigError: Not found on ``PATH`` or not executable.
+        ConfigError: Not found on ``PATH`` or not executable; or its archive is
+            not a readable file here.
     """
+    first = Path(executable).parts[0] if executable and not os.path.isabs(executable) else ""
+    shipped = archive_targets(archives).get(first) if os.sep in executable else None
+    if shipped is not None:
+        local = unquote(urlparse(shipped).path) if "://" in shipped else shipped
+        if not os.path.isfile(local) or not os.access(local, os.R_OK):
+            raise ConfigError(f"the Python archive {shipped} of the workers' Python {executable} is not a "
+                              "readable file: rebuild it with `aisp package`")
+        return executable
     found = shutil.which(executable)
     if found is None:
         where = "does not exist" if os.sep in executable else "is not on PATH"
