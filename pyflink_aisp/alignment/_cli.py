@@ -29,7 +29,8 @@ __all__ = ["add_alignment_commands", "verify_manifests"]
 
 
 def _range_outputs(servers: str, manifest: RunManifest) -> list[bytes]:
-    tracker = OutcomeTracker(servers, manifest.range.topic, manifest.output_topic, manifest.dlq_topic)
+    tracker = OutcomeTracker(servers, manifest.range.topic, manifest.output_topic, manifest.dlq_topic,
+                             job=manifest.job_name)
     try:
         tracker.advance()
         return tracker.outputs(manifest.range)

@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from pyflink_aisp.alignment._ranges import TopicRange
 from pyflink_aisp.alignment._verify import multiset_digest
 from pyflink_aisp.errors import ConfigError, KafkaError
-from pyflink_aisp.kafka import SOURCE_HEADER
+from pyflink_aisp.kafka import JOB_HEADER, SOURCE_HEADER
 
 __all__ = ["MANIFEST_FORMAT", "OutcomeTracker", "OutputSummary", "RunManifest", "code_version", "file_sha256",
            "read_range", "summarize_outputs"]
@@ -160,17 +160,23 @@ def read_range(servers: str, span: TopicRange, timeout_s: float = 120.0) -> list
     return out
 
 
-def _lineage(msg: Message) -> tuple[str, int, int] | None:
+def _header(msg: Message, name: str) -> str | None:
     for header in msg.headers() or ():
-        name, value = header[0], header[1]
-        if name == SOURCE_HEADER and isinstance(value, bytes):
-            head, _, offset = value.decode("utf-8", "replace").rpartition("/")
-            topic, _, partition = head.rpartition("/")
-            try:
-                return topic, int(partition), int(offset)
-            except ValueError:
-                return None
+        if header[0] == name and isinstance(header[1], bytes):
+            return header[1].decode("utf-8", "replace")
     return None
+
+
+def _lineage(msg: Message) -> tuple[str, int, int] | None:
+    value = _header(msg, SOURCE_HEADER)
+    if value is None:
+        return None
+    head, _, offset = value.rpartition("/")
+    topic, _, partition = head.rpartition("/")
+    try:
+        return topic, int(partition), int(offset)
+    except ValueError:
+        return None
 
 
 class OutcomeTracker:
@@ -180,11 +186,13 @@ class OutcomeTracker:
 
     :meth:`advance` reads each topic up to its last stable offset now: everything a
     checkpoint (or a finished batch run) committed, nothing of an open transaction.
+    With ``job``, only the outcomes that job wrote count (its :data:`JOB_HEADER`).
     Not thread-safe.
     """
 
-    def __init__(self, servers: str, input_topic: str, output_topic: str, dlq_topic: str) -> None:
-        self._servers, self._input = servers, input_topic
+    def __init__(self, servers: str, input_topic: str, output_topic: str, dlq_topic: str, *,
+                 job: str | None = None) -> None:
+        self._servers, self._input, self._job = servers, input_topic, job
         self._topics = (output_topic, dlq_topic)
         self._consumers: dict[str, Consumer] = {}
         self._positions: dict[str, dict[int, int]] = {}
@@ -210,6 +218,8 @@ class OutcomeTracker:
 
             def keep(msg: Message, store: dict[tuple[int, int], list[bytes]] = store) -> None:
                 source = _lineage(msg)
+                if self._job is not None and _header(msg, JOB_HEADER) != self._job:
+                    return
                 if source is not None and source[0] == self._input:
                     store.setdefault((source[1], source[2]), []).append(bytes(msg.value() or b""))
 
@@ -238,6 +248,15 @@ class OutcomeTracker:
             output_digest=multiset_digest(output), dlq_digest=multiset_digest(dlq),
             duplicates=sum(1 for n in seen.values() if n > 1), missing=len(inputs - set(seen)),
             model_versions=_model_versions(output))
+
+    def ends(self) -> dict[int, int]:
+        """Per input partition, the offset after the last input record with an outcome read so
+        far: where a job that writes one outcome per record, in order, resumes."""
+        ends: dict[int, int] = {}
+        for store in self._outcomes.values():
+            for partition, offset in store:
+                ends[partition] = max(ends.get(partition, 0), offset + 1)
+        return ends
 
     def outputs(self, span: TopicRange) -> list[bytes]:
         """The output values (not dead letters) of ``span``'s input records read so far."""

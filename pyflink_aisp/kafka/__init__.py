@@ -25,6 +25,7 @@ from pyflink_aisp.kafka._decode import (
 from pyflink_aisp.kafka._ingest import IngestResult, ingest_records
 from pyflink_aisp.kafka._limits import sink_record_limit, topic_max_message_bytes
 from pyflink_aisp.kafka._tables import (
+    JOB_HEADER,
     SOURCE_HEADER,
     DeliveryGuarantee,
     KafkaSinkTable,
@@ -40,6 +41,7 @@ from pyflink_aisp.kafka._transactions import (
 )
 
 __all__ = [
+    "JOB_HEADER",
     "SOURCE_HEADER",
     "DeadLetter",
     "DecodedRecord",

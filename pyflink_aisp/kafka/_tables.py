@@ -24,6 +24,7 @@ from enum import StrEnum
 from pyflink_aisp.errors import ConfigError
 
 __all__ = [
+    "JOB_HEADER",
     "SOURCE_HEADER",
     "DeliveryGuarantee",
     "KafkaSinkTable",
@@ -35,6 +36,8 @@ __all__ = [
 #: record it came from, ``<topic>/<partition>/<offset>`` (UTF-8). Manifests and
 #: ``aisp verify`` select a range's outputs by it.
 SOURCE_HEADER = "aisp.source"
+#: Kafka header naming the job that wrote an output or dead letter (its ``--job-name``).
+JOB_HEADER = "aisp.job"
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")

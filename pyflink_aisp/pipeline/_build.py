@@ -35,6 +35,7 @@ from pyflink.table.expressions import col, lit, map_
 from pyflink_aisp.errors import ConfigError, KafkaError
 from pyflink_aisp.inference import ModelHandler
 from pyflink_aisp.kafka import (
+    JOB_HEADER,
     SOURCE_HEADER,
     KafkaSinkTable,
     KafkaSourceTable,
@@ -177,7 +178,8 @@ def build_pipeline(
                               max_request_size=options.max_request_size, with_headers=True,
                               transaction_timeout_ms=options.transaction_timeout_ms)
         t_env.execute_sql(sink.ddl())
-        lineage = map_(lit(SOURCE_HEADER), col("source").cast(DataTypes.BYTES()))
+        lineage = map_(lit(SOURCE_HEADER), col("source").cast(DataTypes.BYTES()),
+                       lit(JOB_HEADER), lit(options.name).cast(DataTypes.BYTES()))
         rows = scored.where(col("dead") == lit(dead)).select(col("key"), col("value"), lineage)
         statements.add_insert(name, rows)
     return statements.execute()

@@ -22,7 +22,7 @@ from pyflink_aisp.pipeline._config import PipelineOptions
 if TYPE_CHECKING:  # pyflink_aisp.alignment imports pyflink_aisp.kafka, which imports this package
     from pyflink_aisp.alignment import TopicOffsets, TopicRange
 
-__all__ = ["InputPlan", "group_or_earliest", "plan_input", "rest_url"]
+__all__ = ["InputPlan", "group_or_earliest", "plan_input", "rest_url", "resume_offsets"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +62,37 @@ def group_or_earliest(servers: str, group: str, offsets: TopicOffsets) -> dict[i
         return resolve_bound(Bound(kind=BoundKind.GROUP, arg=group), servers, offsets)
     except ConfigError:
         return dict(offsets.earliest)
+
+
+def resume_offsets(options: PipelineOptions, servers: str, offsets: TopicOffsets) -> dict[int, int]:
+    """Where a stream started without a savepoint resumes: per partition, the later of its
+    group's committed offset and the end of what it already wrote.
+
+    Flink commits a checkpoint's sink transactions and its source offsets separately
+    when the checkpoint completes, and the offset commit can lag (or be lost when the
+    job dies in between): the group's offsets alone would then replay records whose
+    outcomes are already committed. Every outcome names its input record and job
+    (:data:`~pyflink_aisp.kafka.SOURCE_HEADER`, :data:`~pyflink_aisp.kafka.JOB_HEADER`),
+    and a checkpoint's outcomes cover a prefix of each partition, so the record after
+    the last one with a committed outcome is where the job stopped. Reads the output
+    and dead-letter topics once (proportional to their size).
+
+    Raises:
+        KafkaError: A topic cannot be read.
+    """
+    from pyflink_aisp.alignment import OutcomeTracker
+    from pyflink_aisp.kafka import list_topics
+
+    starts = group_or_earliest(servers, options.group, offsets)
+    if not {str(options.output_topic), options.dlq} <= list_topics(servers):
+        return starts  # a first run: nothing written yet
+    tracker = OutcomeTracker(servers, offsets.topic, str(options.output_topic), options.dlq, job=options.name)
+    try:
+        tracker.advance()
+        written = tracker.ends()
+    finally:
+        tracker.close()
+    return {p: max(o, written.get(p, 0)) for p, o in starts.items()}
 
 
 def plan_input(options: PipelineOptions, *, config: Mapping[str, str] | None = None) -> InputPlan:
@@ -105,8 +136,14 @@ def plan_input(options: PipelineOptions, *, config: Mapping[str, str] | None = N
     start = parse_bound(options.range_start) if options.range_start else None
     startup = options.startup_mode or ("earliest-offset" if options.mode == "batch" else "group-offsets")
     if start is None:
-        start_offsets = {"earliest-offset": dict(offsets.earliest), "latest-offset": dict(offsets.latest),
-                         "group-offsets": group_or_earliest(servers, options.group, offsets)}[startup]
+        if startup == "earliest-offset":
+            start_offsets = dict(offsets.earliest)
+        elif startup == "latest-offset":
+            start_offsets = dict(offsets.latest)
+        elif options.mode == "streaming":
+            start_offsets = resume_offsets(options, servers, offsets)
+        else:
+            start_offsets = group_or_earliest(servers, options.group, offsets)
         start = parse_bound("offsets:" + ",".join(f"{p}={o}" for p, o in sorted(start_offsets.items())))
     end = options.range_end or ("latest" if options.mode == "batch" else None)
     if end is not None:
@@ -119,5 +156,5 @@ def plan_input(options: PipelineOptions, *, config: Mapping[str, str] | None = N
         if not latest.ends[p] >= o >= latest.starts[p]:
             raise ConfigError(f"{topic}[{p}]: start offset {o} ({start}) is outside the partition's "
                               f"offsets [{latest.starts[p]}, {latest.ends[p]}]")
-    explicit = options.range_start is not None
+    explicit = options.range_start is not None or startup == "group-offsets"  # resume_offsets decided
     return InputPlan(starts=starts if explicit else None, stream_starts=starts)

@@ -118,7 +118,7 @@ def _describe(span: TopicRange) -> str:
 def _write_batch_manifest(options: PipelineOptions, span: TopicRange, files: dict[str, str],
                           say: Callable[[str], None]) -> None:
     servers = options.bootstrap_servers or default_bootstrap_servers()
-    tracker = OutcomeTracker(servers, span.topic, str(options.output_topic), options.dlq)
+    tracker = OutcomeTracker(servers, span.topic, str(options.output_topic), options.dlq, job=options.name)
     try:
         tracker.advance()
         manifest = _manifest(options, span, tracker, files, None)
@@ -155,7 +155,7 @@ def _watch_checkpoints(options: PipelineOptions, plan: InputPlan, files: dict[st
     servers = options.bootstrap_servers or default_bootstrap_servers()
     topic = str(options.input_topic)
     assert plan.stream_starts is not None and options.manifest_dir is not None
-    tracker = OutcomeTracker(servers, topic, str(options.output_topic), options.dlq)
+    tracker = OutcomeTracker(servers, topic, str(options.output_topic), options.dlq, job=options.name)
     written, failed = None, None
     try:
         while job_state(rest, job_id) not in _TERMINAL:
