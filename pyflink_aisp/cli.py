@@ -1,6 +1,7 @@
 """``aisp``: the command line of pyflink-aisp.
 
 Subcommands: ``local up|down|status`` (embedded Kafka broker + Flink cluster),
+``affinity serve|topology|leases`` (GPU affinity side service),
 ``model build|publish``, ``ingest`` (real reviews → Kafka), ``verify`` (two runs'
 outputs agree), ``demo`` (the main job end to end). Exit status 0 on success, 1 on
 a pyflink-aisp error (printed), 2 on bad usage, 3 when ``verify`` finds a difference.
@@ -99,11 +100,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``aisp`` argument parser."""
+    from pyflink_aisp.affinity._cli import add_affinity_commands
     from pyflink_aisp.local import add_local_commands
 
     parser = argparse.ArgumentParser(prog="aisp", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_local_commands(sub)
+    add_affinity_commands(sub)
 
     model = sub.add_parser("model", help="model assets").add_subparsers(dest="model_command", required=True)
     build = model.add_parser("build", help="export MiniLM to ONNX, train the head, cache with sha256")
