@@ -81,7 +81,8 @@ def test_a_request_larger_than_a_mig_slice_rejects_it_with_the_reason(mig) -> No
         place(mig, _req(mem=12 * GIB, gpu="MIG-11111111-0000-0000-0000-000000000000"), [])
     verdicts = {v["device"]: v["rejected"] for v in info.value.explanation}
     assert verdicts["MIG-11111111-0000-0000-0000-000000000000"] == (
-        f"would over-commit memory: needs {12 * GIB} B, {10 * GIB} B left of {10 * GIB} B (0 B leased)")
+        f"would over-commit memory: needs {12 * GIB} B, {10 * GIB} B left of {10 * GIB} B (0 B leased)"
+    )
     assert verdicts[mig.gpus[1].uuid] == "not the requested device MIG-11111111-0000-0000-0000-000000000000"
 
 
@@ -89,8 +90,10 @@ def test_a_full_gpu_is_rejected_and_the_other_chosen(full) -> None:
     p = place(full, _req(mem=2 * GIB), [])
     assert p.chosen.gpu_index == 1
     rejected = {s.device: s.rejected for s in p.scored if s.rejected}
-    assert rejected == {full.gpus[0].uuid: f"would over-commit memory: needs {2 * GIB} B, {512 * 2**20} B "
-                                           f"left of {512 * 2**20} B (0 B leased)"}
+    assert rejected == {
+        full.gpus[0].uuid: f"would over-commit memory: needs {2 * GIB} B, {512 * 2**20} B "
+        f"left of {512 * 2**20} B (0 B leased)"
+    }
     assert p.reason.endswith("; 1 rejected")
 
 
@@ -102,8 +105,12 @@ def test_nothing_fits_refuses_with_every_candidates_reason(full) -> None:
 
 
 def test_memory_is_never_over_committed_by_earlier_leases(full) -> None:
-    held = [Held(device=full.gpus[1].uuid, parent=full.gpus[1].uuid, mem_bytes=35 * GIB, job="o", operator="x")]
-    with pytest.raises(PlacementRefusedError, match=r"5368709120 B left of 42949672960 B \(37580963840 B leased\)"):
+    held = [
+        Held(device=full.gpus[1].uuid, parent=full.gpus[1].uuid, mem_bytes=35 * GIB, job="o", operator="x")
+    ]
+    with pytest.raises(
+        PlacementRefusedError, match=r"5368709120 B left of 42949672960 B \(37580963840 B leased\)"
+    ):
         place(full, _req(mem=6 * GIB), held)
     assert place(full, _req(mem=5 * GIB), held).chosen.gpu_index == 1  # exactly the rest fits
 
@@ -115,8 +122,10 @@ def test_unknown_device_is_its_own_error(numa2x4) -> None:
 
 
 def test_the_same_state_gives_the_same_answer_whatever_the_order(numa2x4) -> None:
-    held = [Held(device=g.uuid, parent=g.uuid, mem_bytes=GIB * (i + 1), job="o", operator=f"op{i % 2}")
-            for i, g in enumerate(numa2x4.gpus[:6])]
+    held = [
+        Held(device=g.uuid, parent=g.uuid, mem_bytes=GIB * (i + 1), job="o", operator=f"op{i % 2}")
+        for i, g in enumerate(numa2x4.gpus[:6])
+    ]
     first = place(numa2x4, _req(3), held)
     for seed in range(5):
         shuffled = held[:]

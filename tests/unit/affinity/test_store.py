@@ -30,7 +30,9 @@ def _req(subtask: int, mem: int = 8 * GIB, job: str = "j") -> PlacementRequest:
 @pytest.fixture
 def store(tmp_path: Path):
     clock = Clock()
-    s = LeaseStore(tmp_path / "leases.db", load_topology(DATA / "full_gpu.yaml"), clock=clock, default_ttl_s=10)
+    s = LeaseStore(
+        tmp_path / "leases.db", load_topology(DATA / "full_gpu.yaml"), clock=clock, default_ttl_s=10
+    )
     s.clock_ = clock
     yield s
     s.close()
@@ -119,4 +121,9 @@ def test_200_threads_acquiring_at_once_never_over_commit(tmp_path: Path) -> None
 
 def test_cpu_leases_carry_no_gpu(store) -> None:
     lease, _ = store.acquire(PlacementRequest(job="j", operator="o", subtask=0, kind=LeaseKind.CPU))
-    assert (lease.device, lease.gpu_uuid, lease.cuda_visible_devices, lease.cpus) == ("numa:0", None, "", (0, 1, 2, 3))
+    assert (lease.device, lease.gpu_uuid, lease.cuda_visible_devices, lease.cpus) == (
+        "numa:0",
+        None,
+        "",
+        (0, 1, 2, 3),
+    )

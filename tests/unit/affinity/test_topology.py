@@ -17,8 +17,9 @@ DATA = Path(__file__).resolve().parents[2] / "data" / "affinity"
 
 
 def test_the_public_api_is_what_all_names() -> None:
-    assert sorted(affinity.__all__) == sorted(n for n in dir(affinity) if not n.startswith("_")
-                                              and n not in ("annotations",) and not _is_module(n))
+    assert sorted(affinity.__all__) == sorted(
+        n for n in dir(affinity) if not n.startswith("_") and n not in ("annotations",) and not _is_module(n)
+    )
 
 
 def _is_module(name: str) -> bool:
@@ -40,8 +41,10 @@ def test_the_files_load_and_round_trip_through_the_printed_json(tmp_path: Path, 
 def test_the_text_view_names_each_gpu_and_mig_instance() -> None:
     lines = format_topology(load_topology(DATA / "mig.json"))
     assert lines[0] == "host gpu-host-mig (source " + str(DATA / "mig.json") + "): 2 GPU(s), 1 NUMA node(s)"
-    assert lines[2].startswith("  gpu 0 GPU-00000000-aaaa-bbbb-cccc-000000000000 NVIDIA H100 80GB HBM3: "
-                               "80.0 GiB free of 80.0 GiB, util 0%, pci 00000000:18:00.0 gen5 x16 (63.0 GB/s)")
+    assert lines[2].startswith(
+        "  gpu 0 GPU-00000000-aaaa-bbbb-cccc-000000000000 NVIDIA H100 80GB HBM3: "
+        "80.0 GiB free of 80.0 GiB, util 0%, pci 00000000:18:00.0 gen5 x16 (63.0 GB/s)"
+    )
     assert lines[2].endswith("numa 0, cpus 0-7, mig on")
     assert lines[5] == "    mig 2 MIG-33333333-0000-0000-0000-000000000000: 40.0 GiB"
 
@@ -52,18 +55,29 @@ def _doc(**gpu_changes) -> dict:
     return doc
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"pcie_max_width": 3}, "gpu 1 (GPU-00000001-aaaa-bbbb-cccc-000000000001): pcie_max_gen must be 1..7 and "
-                            "pcie_max_width one of 1, 2, 4, 8, 16, 32, got 5 x3"),
-    ({"memory_free_bytes": -1}, "memory_total_bytes must be > 0 and 0 <= memory_free_bytes <= it"),
-    ({"numa_node": 3}, "gpu 1: numa_node 3 is not among numa_nodes [0]"),
-    ({"mig_instances": [{"uuid": "MIG-x", "index": 0, "memory_total_bytes": 1}]},
-     "mig_instances given but mig_enabled is false"),
-    ({"cpu_affinity": [99]}, "gpu 1: cpu_affinity has CPUs the host lacks: [99]"),
-    ({"pcie_gen": 5}, "gpus.1.pcie_gen: Unexpected keyword argument"),
-    ({"index": "one"}, "gpus.1.index: Input should be a valid integer"),
-    ({"uuid": "MIG-11111111-0000-0000-0000-000000000000"}, "uuids (MIG instances included) and indices must"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"pcie_max_width": 3},
+            "gpu 1 (GPU-00000001-aaaa-bbbb-cccc-000000000001): pcie_max_gen must be 1..7 and "
+            "pcie_max_width one of 1, 2, 4, 8, 16, 32, got 5 x3",
+        ),
+        ({"memory_free_bytes": -1}, "memory_total_bytes must be > 0 and 0 <= memory_free_bytes <= it"),
+        ({"numa_node": 3}, "gpu 1: numa_node 3 is not among numa_nodes [0]"),
+        (
+            {"mig_instances": [{"uuid": "MIG-x", "index": 0, "memory_total_bytes": 1}]},
+            "mig_instances given but mig_enabled is false",
+        ),
+        ({"cpu_affinity": [99]}, "gpu 1: cpu_affinity has CPUs the host lacks: [99]"),
+        ({"pcie_gen": 5}, "gpus.1.pcie_gen: Unexpected keyword argument"),
+        ({"index": "one"}, "gpus.1.index: Input should be a valid integer"),
+        (
+            {"uuid": "MIG-11111111-0000-0000-0000-000000000000"},
+            "uuids (MIG instances included) and indices must",
+        ),
+    ],
+)
 def test_invalid_files_fail_in_one_line_naming_the_field(tmp_path: Path, change, message) -> None:
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_doc(**change)))
@@ -75,7 +89,7 @@ def test_invalid_files_fail_in_one_line_naming_the_field(tmp_path: Path, change,
 
 def test_unreadable_and_non_mapping_files(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text("gpus: [unclosed")
-    with pytest.raises(TopologyError, match="cannot read topology file .*bad.yaml"):
+    with pytest.raises(TopologyError, match=r"cannot read topology file .*bad\.yaml"):
         load_topology(tmp_path / "bad.yaml")
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(TopologyError, match="expected a mapping with host, numa_nodes, gpus"):

@@ -29,10 +29,27 @@ MIG = "MIG-33333333-0000-0000-0000-000000000000"
 
 
 def _lease(device: str, cpus: tuple[int, ...], kind: LeaseKind = LeaseKind.GPU, lease_id: str = "a") -> Lease:
-    return Lease(id=lease_id, job="j", operator="o", subtask=0, host="h", kind=kind, device=device,
-                 gpu_uuid=None, gpu_index=None, mig=device.startswith("MIG-"), numa_node=0, cpus=cpus,
-                 mem_bytes=0, ttl_s=30, acquired_at=0, expires_at=30, released_at=None,
-                 state=LeaseState.ACTIVE, reason="")
+    return Lease(
+        id=lease_id,
+        job="j",
+        operator="o",
+        subtask=0,
+        host="h",
+        kind=kind,
+        device=device,
+        gpu_uuid=None,
+        gpu_index=None,
+        mig=device.startswith("MIG-"),
+        numa_node=0,
+        cpus=cpus,
+        mem_bytes=0,
+        ttl_s=30,
+        acquired_at=0,
+        expires_at=30,
+        released_at=None,
+        state=LeaseState.ACTIVE,
+        reason="",
+    )
 
 
 _APPLY = """
@@ -64,8 +81,14 @@ print(json.dumps(out))
 def _apply_in_child(*leases: Lease) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    done = subprocess.run([sys.executable, "-c", _APPLY, json.dumps([x.to_dict() for x in leases])],
-                          capture_output=True, text=True, env=env, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _APPLY, json.dumps([x.to_dict() for x in leases])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
     return json.loads(done.stdout)
 
 
@@ -76,15 +99,20 @@ def test_a_mig_lease_sets_cuda_visible_devices_and_pins_every_thread() -> None:
 
 def test_a_cpu_lease_hides_every_gpu_and_two_leases_pin_to_the_union() -> None:
     cpus = sorted(os.sched_getaffinity(0))
-    out = _apply_in_child(_lease("numa:0", (cpus[0],), LeaseKind.CPU, "a"),
-                          _lease("numa:0", tuple(cpus[1:2]), LeaseKind.CPU, "b"))
+    out = _apply_in_child(
+        _lease("numa:0", (cpus[0],), LeaseKind.CPU, "a"),
+        _lease("numa:0", tuple(cpus[1:2]), LeaseKind.CPU, "b"),
+    )
     assert out["env"] == "" and out["main"] == cpus[:2] and out["applied"] == ["a", "b"]
 
 
 def test_two_gpus_in_one_process_and_cpus_of_another_host_are_refused() -> None:
     out = _apply_in_child(_lease("GPU-a", (0,), lease_id="a"), _lease("GPU-b", (0,), lease_id="b"))
     assert out["applied"] == ["a"] and out["env"] == "GPU-a"
-    assert out["error"] == "lease b: this worker process already holds GPU GPU-a; one process cannot also use GPU-b"
+    assert (
+        out["error"]
+        == "lease b: this worker process already holds GPU GPU-a; one process cannot also use GPU-b"
+    )
     out = _apply_in_child(_lease("GPU-a", (4096,)))
     assert "applied" not in out and out["error"].startswith("lease a: its CPUs [4096] are not online on ")
 
@@ -113,13 +141,15 @@ class _Unreachable:
 
 def test_unreachable_service_fails_by_default() -> None:
     settings = AffinitySettings(url="http://127.0.0.1:9", job="j", device="cuda:0", mem_bytes=1)
-    with pytest.raises(AffinityUnavailableError, match="http://127.0.0.1:9 did not answer"):
+    with pytest.raises(AffinityUnavailableError, match=r"http://127\.0\.0\.1:9 did not answer"):
         open_affinity(settings, _Context(0), client_factory=_Unreachable)
 
 
 def test_the_local_policy_without_a_gpu_topology_still_fails_for_a_gpu(monkeypatch) -> None:
     monkeypatch.delenv("AISP_AFFINITY_TOPOLOGY", raising=False)
-    settings = AffinitySettings(url="http://127.0.0.1:9", job="j", device="cuda:0", policy=AffinityPolicy.LOCAL)
+    settings = AffinitySettings(
+        url="http://127.0.0.1:9", job="j", device="cuda:0", policy=AffinityPolicy.LOCAL
+    )
     try:
         import pynvml
 
@@ -134,8 +164,9 @@ def test_the_local_policy_without_a_gpu_topology_still_fails_for_a_gpu(monkeypat
 
 def test_the_local_choice_is_what_the_service_would_give_each_subtask() -> None:
     topology = load_topology(DATA / "numa2x4.yaml")
-    settings = AffinitySettings(url="http://x:1", job="j", device="cuda:0", mem_bytes=2**33,
-                                policy=AffinityPolicy.LOCAL)
+    settings = AffinitySettings(
+        url="http://x:1", job="j", device="cuda:0", mem_bytes=2**33, policy=AffinityPolicy.LOCAL
+    )
     chosen = [local_lease(settings, "score", s, topology).gpu_index for s in range(9)]
     assert chosen == [0, 1, 4, 5, 2, 3, 6, 7, 0]  # as test_placement's spread over the same file
     lease = local_lease(settings, "score", 2, topology)
@@ -143,14 +174,24 @@ def test_the_local_choice_is_what_the_service_would_give_each_subtask() -> None:
 
 
 def test_the_options_map_to_settings_and_refuse_a_fixed_gpu_index() -> None:
-    options = PipelineOptions(input_topic="in", output_topic="out", gpu_affinity="http://127.0.0.1:7420",
-                              device="cuda", gpu_mem_mib=512)
+    options = PipelineOptions(
+        input_topic="in",
+        output_topic="out",
+        gpu_affinity="http://127.0.0.1:7420",
+        device="cuda",
+        gpu_mem_mib=512,
+    )
     s = options.affinity()
     assert s is not None
     assert (s.job, s.device, s.mem_bytes, s.kind, s.policy) == (
-        "aisp-in-out", "cuda:0", 512 * 2**20, LeaseKind.GPU, AffinityPolicy.FAIL)
+        "aisp-in-out",
+        "cuda:0",
+        512 * 2**20,
+        LeaseKind.GPU,
+        AffinityPolicy.FAIL,
+    )
     assert PipelineOptions(gpu_affinity="http://h:1").affinity().kind is LeaseKind.CPU
-    with pytest.raises(ConfigError, match="the service picks the GPU: use --device cuda"):
+    with pytest.raises(ConfigError, match=r"the service picks the GPU: use --device cuda "):
         PipelineOptions(gpu_affinity="http://127.0.0.1:7420", device="cuda:1")
     with pytest.raises(ConfigError, match="must start with http:// or https://"):
         PipelineOptions(gpu_affinity="127.0.0.1:7420")
