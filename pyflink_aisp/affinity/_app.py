@@ -148,10 +148,11 @@ def _body(lease: Lease, created: bool = False) -> LeaseBody:
     return LeaseBody.model_validate({**lease.to_dict(), "created": created})
 
 
-def _auth(token: str | None) -> Callable[..., None]:
-    bearer = HTTPBearer(auto_error=False, description="the service's token (file or $AISP_AFFINITY_TOKEN)")
+_BEARER = HTTPBearer(auto_error=False, description="the service's token (file or $AISP_AFFINITY_TOKEN)")
 
-    def check(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+
+def _auth(token: str | None) -> Callable[..., None]:
+    def check(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
         if token is None:
             return
         if credentials is None:
