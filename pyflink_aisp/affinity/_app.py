@@ -5,9 +5,9 @@ lease), ``GET /v1/leases[?state=&job=]``, ``GET /v1/leases/{id}``,
 ``POST /v1/leases/{id}/renew``, ``DELETE /v1/leases/{id}`` release,
 ``GET /v1/topology``; ``GET /healthz``; ``GET /metrics`` (Prometheus text).
 Mutating calls need ``Authorization: Bearer <token>`` (401 without, 403 wrong).
-Errors: 422 malformed or out-of-range body (FastAPI's field list), 404 unknown
+Errors: 400 a body that is not even text (FastAPI cannot parse it), 422 malformed or out-of-range body (FastAPI's field list), 404 unknown
 lease or device, 409 placement refused (every candidate's reason in
-``candidates``), 410 lease no longer active. Sync endpoints: they run in
+``candidates``), 410 lease no longer active, 422 text with lone surrogates. Sync endpoints: they run in
 uvicorn's thread pool; the store serialises writes.
 """
 
@@ -38,7 +38,8 @@ from pyflink_aisp.errors import LeaseNotFoundError, PlacementRefusedError, Unkno
 
 __all__ = ["AcquireBody", "LeaseBody", "create_app", "serve"]
 
-_INT64 = 2**63 - 1
+#: Largest byte count accepted: 2**53 (8 PiB) is exact in a JSON number (an IEEE double).
+_MAX_BYTES = 2**53
 
 
 class AcquireBody(BaseModel):
@@ -49,7 +50,7 @@ class AcquireBody(BaseModel):
     operator: str = Field(min_length=1, max_length=256)
     subtask: int = Field(ge=0, le=2**31 - 1)
     host: str = Field(default="", max_length=256)
-    mem_bytes: int = Field(default=0, ge=0, le=_INT64, description="GPU memory needed, bytes")
+    mem_bytes: int = Field(default=0, ge=0, le=_MAX_BYTES, description="GPU memory needed, bytes")
     kind: LeaseKind = LeaseKind.GPU
     worker_numa_node: int | None = Field(default=None, ge=0, le=4096)
     gpu: str | None = Field(
@@ -185,6 +186,13 @@ def create_app(store: LeaseStore, *, token: str | None) -> FastAPI:
     def refused(_: Request, exc: PlacementRefusedError) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "candidates": exc.explanation}, status_code=409)
 
+    @app.exception_handler(UnicodeEncodeError)
+    def not_utf8(_: Request, exc: UnicodeEncodeError) -> JSONResponse:
+        # JSON allows lone surrogates (\ud800) that no UTF-8 store can hold: a client error
+        return JSONResponse(
+            {"detail": f"text must be valid Unicode (no lone surrogates): {exc.reason}"}, status_code=422
+        )
+
     @app.exception_handler(UnknownDeviceError)
     def unknown_device(_: Request, exc: UnknownDeviceError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=404)
@@ -199,7 +207,12 @@ def create_app(store: LeaseStore, *, token: str | None) -> FastAPI:
         response_model=LeaseBody,
         status_code=201,
         dependencies=authorized,
-        responses={**_ERRORS, 200: {"model": LeaseBody}, 409: {"model": RefusedBody}},
+        responses={
+            **_ERRORS,
+            200: {"model": LeaseBody},
+            400: {"model": ErrorBody},
+            409: {"model": RefusedBody},
+        },
     )
     def acquire(body: AcquireBody, response: Response) -> LeaseBody:
         request = PlacementRequest(
@@ -220,7 +233,7 @@ def create_app(store: LeaseStore, *, token: str | None) -> FastAPI:
         "/v1/leases/{lease_id}/renew",
         response_model=LeaseBody,
         dependencies=authorized,
-        responses={**_ERRORS, 410: {"model": ErrorBody}},
+        responses={**_ERRORS, 400: {"model": ErrorBody}, 410: {"model": ErrorBody}},
     )
     def renew(lease_id: str, body: RenewBody | None = None) -> LeaseBody:
         return _body(timed("renew", lambda: store.renew(lease_id, body.ttl_s if body else None)))

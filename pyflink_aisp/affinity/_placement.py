@@ -263,9 +263,15 @@ def place(topology: Topology, request: PlacementRequest, held: Iterable[Held]) -
         held: Live leases on the host (other subtasks' and this one's previous, if any).
 
     Raises:
-        UnknownDeviceError: ``request.gpu`` names no device of the host.
+        UnknownDeviceError: ``request.gpu`` names no device of the host, or
+            ``request.worker_numa_node`` no NUMA node of it.
         PlacementRefusedError: No candidate fits; ``explanation`` holds every verdict.
     """
+    nodes = sorted(n.id for n in topology.numa_nodes)
+    if request.worker_numa_node is not None and request.worker_numa_node not in nodes:
+        raise UnknownDeviceError(
+            f"unknown NUMA node {request.worker_numa_node} on {topology.host} (known: {nodes})"
+        )
     pool = candidates(topology, request.kind)
     held = list(held)
     wanted = _wanted(topology, request, pool)

@@ -38,8 +38,21 @@ class Service:
     def start(self) -> Service:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         env.pop("AISP_AFFINITY_TOKEN_FILE", None)
-        args = [sys.executable, "-m", "pyflink_aisp.cli", "affinity", "serve", "--topology", str(self.topology),
-                "--db", str(self.db), "--port", str(self.port), "--ttl-s", str(self.ttl_s)]
+        args = [
+            sys.executable,
+            "-m",
+            "pyflink_aisp.cli",
+            "affinity",
+            "serve",
+            "--topology",
+            str(self.topology),
+            "--db",
+            str(self.db),
+            "--port",
+            str(self.port),
+            "--ttl-s",
+            str(self.ttl_s),
+        ]
         if self.token is None:
             args.append("--no-auth")
         else:
@@ -85,8 +98,13 @@ def affinity_service(tmp_path: Path) -> Iterator:
     def start(topology: str | Path = "numa2x4.yaml", **kw) -> Service:
         path = topology if isinstance(topology, Path) else DATA / topology
         n = len(started)
-        service = Service(topology=path, db=tmp_path / f"leases{n}.db", log=tmp_path / f"server{n}.log",
-                          port=find_free_port(), **kw)
+        service = Service(
+            topology=path,
+            db=tmp_path / f"leases{n}.db",
+            log=tmp_path / f"server{n}.log",
+            port=find_free_port(),
+            **kw,
+        )
         started.append(service)
         return service.start()
 

@@ -51,13 +51,21 @@ def test_bad_requests_get_clear_4xx(affinity_service) -> None:
     negative = httpx.post(url, json={**BODY, "mem_bytes": -1}, headers=h)
     assert negative.status_code == 422
     assert [(d["loc"], d["msg"]) for d in negative.json()["detail"]] == [
-        (["body", "mem_bytes"], "Input should be greater than or equal to 0")]
-    for bad in ({**BODY, "subtask": -3}, {**BODY, "ttl_s": 0}, {**BODY, "kind": "tpu"}, {**BODY, "extra": 1},
-                {"job": "j"}):
+        (["body", "mem_bytes"], "Input should be greater than or equal to 0")
+    ]
+    for bad in (
+        {**BODY, "subtask": -3},
+        {**BODY, "ttl_s": 0},
+        {**BODY, "kind": "tpu"},
+        {**BODY, "extra": 1},
+        {"job": "j"},
+    ):
         assert httpx.post(url, json=bad, headers=h).status_code == 422, bad
     unknown = httpx.post(url, json={**BODY, "gpu": "GPU-nope"}, headers=h)
     assert unknown.status_code == 404
-    assert unknown.json()["detail"].startswith("unknown gpu device 'GPU-nope' on gpu-host-a (known: 0=GPU-0000")
+    assert unknown.json()["detail"].startswith(
+        "unknown gpu device 'GPU-nope' on gpu-host-a (known: 0=GPU-0000"
+    )
     with pytest.raises(UnknownDeviceError, match="unknown gpu device '42'"):
         _client(s).acquire(job="j", operator="o", subtask=0, gpu="42")
     assert httpx.post(f"{url}/nope/renew", headers=h).status_code == 404
@@ -84,8 +92,13 @@ def test_acquire_renew_release_through_the_client(affinity_service) -> None:
     assert 'aisp_affinity_leases{state="active"} 1.0' in metrics
     assert f'aisp_affinity_committed_bytes{{device="{second.device}"}} 8.589934592e+09' in metrics
     health = httpx.get(f"{s.url}/healthz").json()
-    assert health == {"status": "ok", "host": "gpu-host-mig", "source": str(s.topology), "devices": 4,
-                      "leases": {"active": 1, "released": 1, "expired": 0}}
+    assert health == {
+        "status": "ok",
+        "host": "gpu-host-mig",
+        "source": str(s.topology),
+        "devices": 4,
+        "leases": {"active": 1, "released": 1, "expired": 0},
+    }
 
 
 def test_200_concurrent_clients_never_over_commit(affinity_service) -> None:
@@ -115,8 +128,10 @@ def test_200_concurrent_clients_never_over_commit(affinity_service) -> None:
     assert Counter(x.gpu_index for x in served) == {i: 20 for i in range(8)}
     for exc in refused:
         assert len(exc.explanation) == 8
-        assert all(v["rejected"].startswith("would over-commit memory: needs 4294967296 B, 0 B left of")
-                   for v in exc.explanation)
+        assert all(
+            v["rejected"].startswith("would over-commit memory: needs 4294967296 B, 0 B left of")
+            for v in exc.explanation
+        )
     committed: dict[str, int] = defaultdict(int)
     for x in _client(s).leases(state="active"):
         committed[x.device] += x.mem_bytes
@@ -171,7 +186,9 @@ def test_kill_9_mid_load_loses_no_lease(affinity_service) -> None:
     assert len(confirmed) >= 100
     assert {x.id for x in confirmed} <= set(active)  # every answered acquire survived, in full
     assert all(active[x.id] == x for x in confirmed)
-    again = client.acquire(job="load", operator=confirmed[0].operator, subtask=confirmed[0].subtask, mem_bytes=1)
+    again = client.acquire(
+        job="load", operator=confirmed[0].operator, subtask=confirmed[0].subtask, mem_bytes=1
+    )
     assert again.id == confirmed[0].id
 
 
