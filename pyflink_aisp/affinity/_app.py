@@ -5,7 +5,8 @@ lease), ``GET /v1/leases[?state=&job=]``, ``GET /v1/leases/{id}``,
 ``POST /v1/leases/{id}/renew``, ``DELETE /v1/leases/{id}`` release,
 ``GET /v1/topology``; ``GET /healthz``; ``GET /metrics`` (Prometheus text).
 Mutating calls need ``Authorization: Bearer <token>`` (401 without, 403 wrong).
-Errors: 400 a body that is not even text (FastAPI cannot parse it), 422 malformed or out-of-range body (FastAPI's field list), 404 unknown
+Errors: 400 a body that is not even text (FastAPI cannot parse it), 422 malformed or
+out-of-range body (FastAPI's field list), 404 unknown
 lease or device, 409 placement refused (every candidate's reason in
 ``candidates``), 410 lease no longer active, 422 text with lone surrogates. Sync endpoints: they run in
 uvicorn's thread pool; the store serialises writes.
