@@ -9,7 +9,8 @@ places (:func:`~pyflink_aisp.affinity._placement.place`) and inserts: concurrent
 acquirers, threads or processes, are serialised and none can over-commit a
 device. WAL journal with ``synchronous=NORMAL``: a committed lease survives the
 process being killed (kill -9); a power cut may lose the last transactions
-(sqlite.org/wal.html). Thread-safe: one connection per thread. Time comes from
+(sqlite.org/wal.html). Thread-safe: one connection per thread; the threads of one
+process take a lock before SQLite's write lock (no busy-wait sleeps). Time comes from
 an injected clock (seconds, ``time.time`` by default).
 """
 
@@ -152,6 +153,7 @@ class LeaseStore:
         self.default_ttl_s = default_ttl_s
         self.max_ttl_s = max_ttl_s
         self._local = threading.local()
+        self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn().executescript(_SCHEMA)
 
@@ -167,14 +169,18 @@ class LeaseStore:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        # Threads of this process queue on a lock first: contending for SQLite's write lock
+        # would put them in its busy handler, which sleeps up to 100 ms between tries.
+        # BEGIN IMMEDIATE still serialises writers of other processes on the same file.
         db = self._conn()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        with self._lock:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     def _ttl(self, ttl_s: float | None) -> float:
         if ttl_s is not None and not ttl_s > 0:
