@@ -4,10 +4,14 @@ A side service per TaskManager host (``aisp affinity serve``) hands each inferen
 operator subtask a GPU or MIG instance and the CPUs near it as a lease with a TTL;
 the operators take it in ``open()`` (``--gpu-affinity URL``) and give it back in
 ``close()``. Importable without pyflink, FastAPI or uvicorn (the app and server
-import them; the store, placement, topology and client do not).
+import them; the client needs httpx and tenacity, a topology file pydantic and
+PyYAML: all imported where used, so the store, placement, NVML discovery and
+:func:`apply_lease` run with the standard library and nvidia-ml-py alone, as on
+the GPU host of ``bench/gpu_affinity_check.py``).
 """
 
-from pyflink_aisp.affinity._client import AffinityClient, ClientConfig
+from typing import TYPE_CHECKING, Any
+
 from pyflink_aisp.affinity._nvml import discover, discover_nvml
 from pyflink_aisp.affinity._placement import (
     WEIGHTS,
@@ -30,6 +34,7 @@ from pyflink_aisp.affinity._topology import (
     Topology,
     host_numa_nodes,
     load_topology,
+    online_cpus,
     parse_cpulist,
     topology_from_dict,
 )
@@ -42,6 +47,18 @@ from pyflink_aisp.affinity._worker import (
     local_lease,
     open_affinity,
 )
+
+if TYPE_CHECKING:
+    from pyflink_aisp.affinity._client import AffinityClient, ClientConfig
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("AffinityClient", "ClientConfig"):
+        from pyflink_aisp.affinity import _client
+
+        return getattr(_client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "TOKEN_ENV",
@@ -74,6 +91,7 @@ __all__ = [
     "host_numa_nodes",
     "load_topology",
     "local_lease",
+    "online_cpus",
     "open_affinity",
     "parse_cpulist",
     "place",

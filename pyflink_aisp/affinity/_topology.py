@@ -19,12 +19,11 @@ docs.nvidia.com/deploy/nvml-api).
 from __future__ import annotations
 
 import json
+import os
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
-
-from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from pyflink_aisp.errors import TopologyError
 
@@ -41,7 +40,8 @@ __all__ = [
     "topology_from_dict",
 ]
 
-_STRICT = ConfigDict(extra="forbid")
+#: pydantic config of the dataclasses (a plain dict: pydantic is imported only to validate a file)
+_STRICT: dict[str, Any] = {"extra": "forbid"}
 #: Peer link levels, nearest first (NVML ``nvmlGpuTopologyLevel_t`` names, plus NVLink).
 LINK_LEVELS = ("nvlink", "internal", "single", "multiple", "hostbridge", "node", "system")
 
@@ -50,7 +50,7 @@ LINK_LEVELS = ("nvlink", "internal", "single", "multiple", "hostbridge", "node",
 class NumaNode:
     """One NUMA node: its id, online CPUs and SLIT distances (10 = local) to every node, by id order."""
 
-    __pydantic_config__: ClassVar[ConfigDict] = _STRICT
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
     id: int
     cpus: tuple[int, ...]
     distances: tuple[int, ...] = ()
@@ -64,7 +64,7 @@ class NumaNode:
 class MigInstance:
     """A MIG instance of a GPU (its own UUID, ``MIG-...``, and memory)."""
 
-    __pydantic_config__: ClassVar[ConfigDict] = _STRICT
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
     uuid: str
     index: int
     memory_total_bytes: int
@@ -78,7 +78,7 @@ class MigInstance:
 class Peer:
     """Another GPU and the closest common link to it (``LINK_LEVELS``)."""
 
-    __pydantic_config__: ClassVar[ConfigDict] = _STRICT
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
     uuid: str
     link: str
 
@@ -93,7 +93,7 @@ class Peer:
 class Gpu:
     """One physical GPU as NVML reports it (memory in bytes, PCIe width in lanes)."""
 
-    __pydantic_config__: ClassVar[ConfigDict] = _STRICT
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
     uuid: str
     index: int
     name: str
@@ -144,7 +144,7 @@ _LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563, 7: 15.125
 class Topology:
     """A host: its NUMA nodes (CPUs) and GPUs; ``source`` is ``nvml`` or the file it came from."""
 
-    __pydantic_config__: ClassVar[ConfigDict] = _STRICT
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
     host: str
     source: str = "file"
     numa_nodes: tuple[NumaNode, ...] = ()
@@ -207,19 +207,18 @@ class Topology:
         return asdict(self)
 
 
-_ADAPTER: TypeAdapter[Topology] = TypeAdapter(Topology)
-
-
 def topology_from_dict(data: Any, *, where: str = "topology") -> Topology:
     """Validate a parsed topology document.
 
     Raises:
         TopologyError: One line: the first bad field (``gpus.1.pcie_max_width: ...``) or rule.
     """
+    from pydantic import TypeAdapter, ValidationError
+
     if isinstance(data, dict) and "numa_nodes" not in data:
         data = {**data, "numa_nodes": [asdict(n) for n in host_numa_nodes()]}
     try:
-        return _ADAPTER.validate_python(data)
+        return TypeAdapter(Topology).validate_python(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "(document)"
@@ -263,7 +262,7 @@ def parse_cpulist(text: str) -> tuple[int, ...]:
 
 
 def host_numa_nodes(sys_root: Path = Path("/sys/devices/system/node")) -> tuple[NumaNode, ...]:
-    """This host's NUMA nodes from sysfs (one node of every CPU psutil counts when sysfs has none)."""
+    """This host's NUMA nodes from sysfs (one node of the online CPUs when sysfs has no nodes)."""
     nodes = []
     for d in sorted(sys_root.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
         try:
@@ -277,9 +276,15 @@ def host_numa_nodes(sys_root: Path = Path("/sys/devices/system/node")) -> tuple[
         return tuple(nodes)
     if nodes:
         return tuple(NumaNode(id=n.id, cpus=n.cpus) for n in nodes)
-    import psutil
+    return (NumaNode(id=0, cpus=online_cpus()),)
 
-    return (NumaNode(id=0, cpus=tuple(range(psutil.cpu_count(logical=True) or 1))),)
+
+def online_cpus(path: Path = Path("/sys/devices/system/cpu/online")) -> tuple[int, ...]:
+    """The host's online CPUs (sysfs; ``range(os.cpu_count())`` when it cannot be read)."""
+    try:
+        return parse_cpulist(path.read_text())
+    except (OSError, ValueError):
+        return tuple(range(os.cpu_count() or 1))
 
 
 def hostname() -> str:

@@ -38,13 +38,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyflink_aisp.affinity._client import AffinityClient, ClientConfig
 from pyflink_aisp.affinity._placement import Held, LeaseKind, PlacementRequest, place
 from pyflink_aisp.affinity._store import Lease, LeaseState
 from pyflink_aisp.affinity._token import resolve_token
-from pyflink_aisp.affinity._topology import Topology, host_numa_nodes, hostname
+from pyflink_aisp.affinity._topology import Topology, host_numa_nodes, hostname, online_cpus
 from pyflink_aisp.errors import AffinityError, AffinityUnavailableError, ConfigError
 
 __all__ = [
@@ -57,6 +56,9 @@ __all__ = [
     "open_affinity",
     "operator_key",
 ]
+
+if TYPE_CHECKING:
+    from pyflink_aisp.affinity._client import AffinityClient, ClientConfig
 
 _log = logging.getLogger(__name__)
 #: Topology file for the ``local`` policy on hosts without NVML.
@@ -102,7 +104,10 @@ class AffinitySettings:
             raise ConfigError(f"policy must be an AffinityPolicy, got {self.policy!r}")
         if self.mem_bytes < 0 or not self.ttl_s > 0:
             raise ConfigError("mem_bytes must be >= 0 and ttl_s > 0")
-        ClientConfig(url=self.url)  # checks the URL
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"the affinity service URL must start with http:// or https://, got {self.url!r}"
+            )
 
     @property
     def kind(self) -> LeaseKind:
@@ -168,9 +173,7 @@ class WorkerAffinity:
 
 
 def _online_cpus() -> set[int]:
-    import psutil
-
-    return set(range(psutil.cpu_count(logical=True) or 1))
+    return set(online_cpus())
 
 
 def _pin_threads(cpus: set[int]) -> None:
@@ -291,7 +294,7 @@ def open_affinity(
     context: Any,
     *,
     metric_group: Any = None,
-    client_factory: Callable[[ClientConfig], AffinityClient] = AffinityClient,
+    client_factory: Callable[[ClientConfig], AffinityClient] | None = None,
 ) -> WorkerAffinity | None:
     """Take and apply this subtask's lease (see the module docstring); None when not configured.
 
@@ -299,7 +302,7 @@ def open_affinity(
         settings: From the options; None: do nothing.
         context: PyFlink ``FunctionContext`` / ``RuntimeContext`` (task name, subtask index).
         metric_group: Where to register the affinity gauges (None: nowhere).
-        client_factory: Builds the client (inject a fake in unit tests).
+        client_factory: Builds the client (None: :class:`AffinityClient`; inject a fake in unit tests).
 
     Raises:
         AffinityUnavailableError: Unreachable service with policy ``fail``.
@@ -308,8 +311,10 @@ def open_affinity(
     """
     if settings is None:
         return None
+    from pyflink_aisp.affinity._client import AffinityClient, ClientConfig  # httpx: only where a worker calls
+
     operator, subtask = operator_key(context.get_task_name()), int(context.get_index_of_this_subtask())
-    client = client_factory(
+    client = (client_factory or AffinityClient)(
         ClientConfig(
             url=settings.url, token=resolve_token(), timeout_s=settings.timeout_s, retries=settings.retries
         )
