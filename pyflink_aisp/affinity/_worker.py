@@ -172,8 +172,13 @@ class WorkerAffinity:
             self.client = None
 
 
-def _online_cpus() -> set[int]:
-    return set(online_cpus())
+#: CPUs this process could run on before any lease pinned it (cgroup cpuset, taskset).
+_START_CPUS = frozenset(os.sched_getaffinity(0))
+
+
+def _allowed_cpus() -> set[int]:
+    """Online CPUs this process may use (a container's cpuset may hold fewer than NVML lists)."""
+    return set(online_cpus()) & _START_CPUS
 
 
 def _pin_threads(cpus: set[int]) -> None:
@@ -198,11 +203,11 @@ def apply_lease(lease: Lease) -> None:
         AffinityError: The lease's CPUs are not on this host, another GPU lease is
             already applied in this process, or CUDA is initialised with other devices.
     """
-    cpus = set(lease.cpus) & _online_cpus()
+    cpus = set(lease.cpus) & _allowed_cpus()
     if not cpus:
         raise AffinityError(
-            f"lease {lease.id}: its CPUs {list(lease.cpus)} are not online on {hostname()} "
-            f"(topology of another host?)"
+            f"lease {lease.id}: none of its CPUs {list(lease.cpus)} is online and allowed to this "
+            f"process on {hostname()} (allowed: {sorted(_allowed_cpus())}; topology of another host?)"
         )
     with _APPLIED_LOCK:
         gpus = {other.cuda_visible_devices for other in _APPLIED.values() if other.kind is LeaseKind.GPU}
@@ -219,7 +224,7 @@ def apply_lease(lease: Lease) -> None:
             )
         os.environ["CUDA_VISIBLE_DEVICES"] = wanted
         _APPLIED[lease.id] = lease
-        pinned = set().union(*(set(a.cpus) for a in _APPLIED.values())) & _online_cpus()
+        pinned = set().union(*(set(a.cpus) for a in _APPLIED.values())) & _allowed_cpus()
     _pin_threads(pinned)
 
 
