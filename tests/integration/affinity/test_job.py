@@ -50,10 +50,28 @@ def test_two_subtasks_take_distinct_leases_and_release_them_at_job_end(
     create_topics(kafka_bootstrap, [t_in], partitions=2)
     records = [{"id": r.id, "text": r.text} for r in reviews]
     assert ingest_records(kafka_bootstrap, t_in, records, progress=False).delivered == len(reviews)
-    options = PipelineOptions.from_args([
-        "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
-        "--mode", "batch", "--model-dir", str(model_assets.directory), "--parallelism", "2",
-        "--operator", operator, "--device", "cpu", "--gpu-affinity", service.url])
+    options = PipelineOptions.from_args(
+        [
+            "--bootstrap-servers",
+            kafka_bootstrap,
+            "--input-topic",
+            t_in,
+            "--output-topic",
+            t_out,
+            "--mode",
+            "batch",
+            "--model-dir",
+            str(model_assets.directory),
+            "--parallelism",
+            "2",
+            "--operator",
+            operator,
+            "--device",
+            "cpu",
+            "--gpu-affinity",
+            service.url,
+        ]
+    )
     build_pipeline(make_environment(options), options).wait()
 
     out = read_topic(kafka_bootstrap, t_out, min_count=len(reviews))
