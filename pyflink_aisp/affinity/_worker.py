@@ -14,7 +14,9 @@ they load the model, when ``--gpu-affinity URL`` / ``aisp.gpu-affinity`` is set)
    (``os.sched_setaffinity`` on each thread of ``/proc/self/task``; threads
    started later inherit it); several leases in one worker process pin to the
    union of their CPU sets, and two different GPUs in one process are refused;
-4. renews the lease every ``ttl_s / 3`` seconds in a daemon thread.
+4. renews the lease every ``ttl_s / 3`` seconds in a daemon thread (a lease that
+   expired meanwhile, e.g. while the service was down, is acquired again if it
+   lands on the same device; else it is given back and counted as a failure).
 
 :meth:`WorkerAffinity.close` stops the renewer and releases the lease. When the
 service cannot be reached, ``--gpu-affinity-policy`` decides: ``fail`` (the
@@ -44,7 +46,7 @@ from pyflink_aisp.affinity._placement import Held, LeaseKind, PlacementRequest, 
 from pyflink_aisp.affinity._store import Lease, LeaseState
 from pyflink_aisp.affinity._token import resolve_token
 from pyflink_aisp.affinity._topology import Topology, host_numa_nodes, hostname, online_cpus
-from pyflink_aisp.errors import AffinityError, AffinityUnavailableError, ConfigError
+from pyflink_aisp.errors import AffinityError, AffinityUnavailableError, ConfigError, LeaseNotFoundError
 
 __all__ = [
     "TOPOLOGY_ENV",
@@ -138,9 +140,43 @@ class WorkerAffinity:
             try:
                 self.client.renew(self.lease.id, self.lease.ttl_s)
                 self.renewals += 1
+            except LeaseNotFoundError as exc:  # expired (e.g. the service was down past the TTL)
+                self._reacquire(exc)
             except (AffinityError, OSError) as exc:  # keep trying: the lease outlives a few misses
                 self.renew_failures += 1
                 _log.warning("renewing GPU affinity lease %s failed: %s", self.lease.id, exc)
+
+    def _reacquire(self, lost: Exception) -> None:
+        """Take the subtask's lease again after it expired; the loaded model cannot move, so a
+        lease on another device is given back and counted as a failure."""
+        assert self.client is not None
+        old = self.lease
+        try:
+            lease = self.client.acquire(
+                job=old.job,
+                operator=old.operator,
+                subtask=old.subtask,
+                mem_bytes=old.mem_bytes,
+                kind=old.kind,
+                host=old.host,
+                ttl_s=old.ttl_s,
+            )
+        except (AffinityError, OSError) as exc:
+            self.renew_failures += 1
+            _log.warning("GPU affinity lease %s lost (%s) and not re-acquired: %s", old.id, lost, exc)
+            return
+        if lease.device != old.device:
+            self.client.release(lease.id)
+            self.renew_failures += 1
+            _log.error(
+                "GPU affinity lease %s lost; the service now offers %s, but the model is on %s",
+                old.id,
+                lease.device,
+                old.device,
+            )
+            return
+        self.lease = lease
+        self.renewals += 1
 
     def bind_metrics(self, group: Any) -> None:
         """Register the gauges on a PyFlink metric group (None: skip)."""

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,12 +16,13 @@ from pyflink_aisp.affinity import (
     AffinitySettings,
     LeaseKind,
     LeaseState,
+    WorkerAffinity,
     load_topology,
     local_lease,
     open_affinity,
 )
 from pyflink_aisp.affinity._store import Lease
-from pyflink_aisp.errors import AffinityUnavailableError, ConfigError
+from pyflink_aisp.errors import AffinityUnavailableError, ConfigError, LeaseNotFoundError
 from pyflink_aisp.pipeline import PipelineOptions
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -197,3 +199,51 @@ def test_the_options_map_to_settings_and_refuse_a_fixed_gpu_index() -> None:
     with pytest.raises(ConfigError, match="must start with http:// or https://"):
         PipelineOptions(gpu_affinity="127.0.0.1:7420")
     assert PipelineOptions().affinity() is None
+
+
+class _ExpiringClient:
+    """Renew always finds the lease expired; acquire offers ``device``."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.released: list[str] = []
+        self.acquired = 0
+
+    def renew(self, lease_id: str, ttl_s: float) -> Lease:
+        raise LeaseNotFoundError(f"lease {lease_id} is expired (acquire again)")
+
+    def acquire(self, **kw: object) -> Lease:
+        self.acquired += 1
+        return _lease(self.device, (0,), lease_id=f"new{self.acquired}")
+
+    def release(self, lease_id: str) -> bool:
+        self.released.append(lease_id)
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def _renew_until(worker: WorkerAffinity, done) -> None:
+    import time
+
+    worker.start_renewing()
+    deadline = time.monotonic() + 30
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    worker._stop.set()
+
+
+def test_an_expired_lease_is_taken_again_on_the_same_device() -> None:
+    old = replace(_lease("GPU-a", (0,), lease_id="old"), ttl_s=0.3)
+    worker = WorkerAffinity(lease=old, fallback=False, client=_ExpiringClient("GPU-a"))
+    _renew_until(worker, lambda: worker.renewals >= 1)
+    assert worker.lease.id.startswith("new") and worker.renew_failures == 0
+
+
+def test_an_expired_lease_offered_elsewhere_is_given_back_and_counted() -> None:
+    client = _ExpiringClient("GPU-b")
+    worker = WorkerAffinity(lease=replace(_lease("GPU-a", (0,), lease_id="old"), ttl_s=0.3), fallback=False,
+                            client=client)
+    _renew_until(worker, lambda: worker.renew_failures >= 1)
+    assert worker.lease.id == "old" and client.released[0] == "new1"
