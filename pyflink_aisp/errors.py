@@ -201,7 +201,15 @@ class UnknownDeviceError(AffinityError, LookupError):
 
 
 class LeaseNotFoundError(AffinityError, KeyError):
-    """No active lease of that id (unknown, released or expired)."""
+    """No active lease of that id (unknown, released or expired).
+
+    Attributes:
+        gone: The lease existed and was released or expired (HTTP 410), not unknown (404).
+    """
+
+    def __init__(self, message: str, *, gone: bool = False) -> None:
+        super().__init__(message)
+        self.gone = gone
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""

@@ -147,6 +147,19 @@ class _Metrics:
             "aisp_affinity_committed_bytes", "Leased GPU memory by device", ["device"], registry=self.registry
         )
 
+    def timed(self, op: str, call: Callable[[], Any]) -> Any:
+        """``call()``, counted by outcome and timed."""
+        start = time.perf_counter()
+        outcome = "ok"
+        try:
+            return call()
+        except (PlacementRefusedError, LeaseNotFoundError, UnknownDeviceError) as exc:
+            outcome = type(exc).__name__
+            raise
+        finally:
+            self.requests.labels(op, outcome).inc()
+            self.latency.labels(op).observe(time.perf_counter() - start)
+
 
 def _body(lease: Lease, created: bool = False) -> LeaseBody:
     return LeaseBody.model_validate({**lease.to_dict(), "created": created})
@@ -167,24 +180,7 @@ def _auth(token: str | None) -> Callable[..., None]:
     return check
 
 
-def create_app(store: LeaseStore, *, token: str | None) -> FastAPI:
-    """The service over a store; ``token`` None: mutating calls are open (tests, trusted hosts)."""
-    app = FastAPI(title="aisp GPU affinity", version="1", description=__doc__.split("\n\n")[0])
-    metrics = _Metrics()
-    authorized = [Depends(_auth(token))]
-
-    def timed(op: str, call: Callable[[], Any]) -> Any:
-        start = time.perf_counter()
-        outcome = "ok"
-        try:
-            return call()
-        except (PlacementRefusedError, LeaseNotFoundError, UnknownDeviceError) as exc:
-            outcome = type(exc).__name__
-            raise
-        finally:
-            metrics.requests.labels(op, outcome).inc()
-            metrics.latency.labels(op).observe(time.perf_counter() - start)
-
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(PlacementRefusedError)
     def refused(_: Request, exc: PlacementRefusedError) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "candidates": exc.explanation}, status_code=409)
@@ -202,8 +198,21 @@ def create_app(store: LeaseStore, *, token: str | None) -> FastAPI:
 
     @app.exception_handler(LeaseNotFoundError)
     def not_found(_: Request, exc: LeaseNotFoundError) -> JSONResponse:
-        gone = "is released" in str(exc) or "is expired" in str(exc)
-        return JSONResponse({"detail": str(exc)}, status_code=410 if gone else 404)
+        return JSONResponse({"detail": str(exc)}, status_code=410 if exc.gone else 404)
+
+
+def create_app(store: LeaseStore, *, token: str | None) -> FastAPI:
+    """The service over a store; ``token`` None: mutating calls are open (tests, trusted hosts)."""
+    app = FastAPI(title="aisp GPU affinity", version="1", description=__doc__.split("\n\n")[0])
+    metrics = _Metrics()
+    _add_error_handlers(app)
+    _add_lease_routes(app, store, metrics, [Depends(_auth(token))])
+    _add_info_routes(app, store, metrics)
+    return app
+
+
+def _add_lease_routes(app: FastAPI, store: LeaseStore, metrics: _Metrics, authorized: list[Any]) -> None:
+    timed = metrics.timed
 
     @app.post(
         "/v1/leases",
@@ -261,6 +270,8 @@ def create_app(store: LeaseStore, *, token: str | None) -> FastAPI:
     ) -> list[LeaseBody]:
         return [_body(lease) for lease in store.leases(state, job)]
 
+
+def _add_info_routes(app: FastAPI, store: LeaseStore, metrics: _Metrics) -> None:
     @app.get("/v1/topology")
     async def topology() -> dict[str, Any]:
         return store.topology.to_dict()
@@ -279,8 +290,6 @@ def create_app(store: LeaseStore, *, token: str | None) -> FastAPI:
         for device, n in store.committed_bytes().items():
             metrics.committed.labels(device).set(n)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app
 
 
 def serve(

@@ -113,10 +113,10 @@ class AffinityClient:
         detail = body.get("detail") if isinstance(body, dict) else body
         if code == 409:
             raise PlacementRefusedError(str(detail), body.get("candidates", []))
-        if code in (404, 410) and "device" in str(detail):
+        if code == 404 and str(detail).startswith("unknown "):  # a device or NUMA node, not a lease
             raise UnknownDeviceError(str(detail))
         if code in (404, 410):
-            raise LeaseNotFoundError(str(detail))
+            raise LeaseNotFoundError(str(detail), gone=code == 410)
         raise AffinityError(f"affinity service refused {what} ({code}): {detail}")
 
     def acquire(

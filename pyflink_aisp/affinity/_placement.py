@@ -287,11 +287,6 @@ def place(topology: Topology, request: PlacementRequest, held: Iterable[Held]) -
         scored.append(((cost, *c.order), c, Scored(device=c.id, terms=terms, cost=cost)))
     scored.sort(key=lambda t: t[0])
     verdicts = tuple(s for _, _, s in scored)
-    disabled = [
-        f"GPU {g.index} ({g.uuid}): MIG enabled, only its instances are leased"
-        for g in topology.gpus
-        if g.mig_enabled
-    ]
     fitting = [(c, s) for _, c, s in scored if s.rejected is None]
     if not fitting:
         raise PlacementRefusedError(
@@ -300,17 +295,23 @@ def place(topology: Topology, request: PlacementRequest, held: Iterable[Held]) -
             + ("; ".join(f"{s.device}: {s.rejected}" for s in verdicts) or "the host has none"),
             [s.to_dict() for s in verdicts],
         )
+    chosen = fitting[0][0]
+    return Placement(chosen=chosen, scored=verdicts, reason=_explain(topology, fitting, len(verdicts)))
+
+
+def _explain(topology: Topology, fitting: Sequence[tuple[Candidate, Scored]], n_verdicts: int) -> str:
+    """The one-line reason: the winner's terms, the runner-up's, rejections, MIG-enabled GPUs."""
     chosen, best = fitting[0]
     why = f"{chosen.id} has the lowest cost {best.cost:g} ({_fmt(best.terms)})"
     if len(fitting) > 1:
         runner = fitting[1][1]
         why += f"; next {runner.device} at {runner.cost:g} ({_fmt(runner.terms)})"
-    n_rejected = len(verdicts) - len(fitting)
-    if n_rejected:
-        why += f"; {n_rejected} rejected"
-    if disabled:
-        why += "; " + "; ".join(disabled)
-    return Placement(chosen=chosen, scored=verdicts, reason=why)
+    if n_verdicts > len(fitting):
+        why += f"; {n_verdicts - len(fitting)} rejected"
+    for g in topology.gpus:
+        if g.mig_enabled:
+            why += f"; GPU {g.index} ({g.uuid}): MIG enabled, only its instances are leased"
+    return why
 
 
 def _fmt(terms: dict[str, float]) -> str:

@@ -276,7 +276,7 @@ class LeaseStore:
         if row is None:
             raise LeaseNotFoundError(f"no lease {lease_id}")
         if row["state"] != LeaseState.ACTIVE:
-            raise LeaseNotFoundError(f"lease {lease_id} is {row['state']} (acquire again)")
+            raise LeaseNotFoundError(f"lease {lease_id} is {row['state']} (acquire again)", gone=True)
         return row
 
     def renew(self, lease_id: str, ttl_s: float | None = None) -> Lease:
