@@ -156,3 +156,22 @@ def test_topology_without_a_driver_is_one_line(capsys) -> None:
     assert main(["affinity", "topology"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("aisp: error: no NVIDIA driver here (NVML: ") and err.count("\n") == 1
+
+
+def test_serve_refuses_to_start_without_a_token_or_with_a_bad_file(
+    monkeypatch, tmp_path: Path, capsys
+) -> None:
+    monkeypatch.delenv("AISP_AFFINITY_TOKEN", raising=False)
+    monkeypatch.delenv("AISP_AFFINITY_TOKEN_FILE", raising=False)
+    topology = str(DATA / "mig.json")
+    assert main(["affinity", "serve", "--topology", topology, "--db", str(tmp_path / "l.db")]) == 1
+    assert capsys.readouterr().err == (
+        "aisp: error: aisp affinity serve needs a token for mutating calls: --token-file FILE, "
+        "$AISP_AFFINITY_TOKEN_FILE or $AISP_AFFINITY_TOKEN (or --no-auth)\n"
+    )
+    (tmp_path / "empty").write_text("\n")
+    assert main(["affinity", "serve", "--topology", topology, "--token-file", str(tmp_path / "empty")]) == 1
+    assert capsys.readouterr().err == f"aisp: error: the affinity token file {tmp_path / 'empty'} is empty\n"
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["affinity", "serve", "--topology", str(tmp_path / "bad.json"), "--no-auth"]) == 1
+    assert capsys.readouterr().err.startswith(f"aisp: error: {tmp_path / 'bad.json'}: host: Field required")
