@@ -11,6 +11,7 @@ leave their field at its default instead of failing discovery.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from pyflink_aisp.affinity._topology import (
     Gpu,
     MigInstance,
+    NumaNode,
     Peer,
     Topology,
     host_numa_nodes,
@@ -128,6 +130,21 @@ def _peers(nv: Any, handles: list[Any], uuids: list[str], i: int) -> tuple[Peer,
     return tuple(peers)
 
 
+def _within(gpus: tuple[Gpu, ...], nodes: tuple[NumaNode, ...]) -> tuple[Gpu, ...]:
+    """GPUs with their NUMA node and CPU affinity cut to what the OS lists (a node without CPUs,
+    e.g. GPU memory exposed as a NUMA node, or CPUs offline, would fail the topology's checks)."""
+    ids = {n.id for n in nodes}
+    cpus = {c for n in nodes for c in n.cpus}
+    return tuple(
+        replace(
+            g,
+            numa_node=g.numa_node if g.numa_node in ids else None,
+            cpu_affinity=tuple(c for c in g.cpu_affinity if c in cpus),
+        )
+        for g in gpus
+    )
+
+
 def discover_nvml() -> Topology:
     """This host's GPUs from NVML, its NUMA nodes from the OS.
 
@@ -148,7 +165,7 @@ def discover_nvml() -> Topology:
         handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
         uuids = [_text(nv.nvmlDeviceGetUUID(h)) for h in handles]
         gpus = tuple(_gpu(nv, i, h, _peers(nv, handles, uuids, i), ncpus) for i, h in enumerate(handles))
-        return Topology(host=hostname(), source="nvml", numa_nodes=nodes, gpus=gpus)
+        return Topology(host=hostname(), source="nvml", numa_nodes=nodes, gpus=_within(gpus, nodes))
     finally:
         nv.nvmlShutdown()
 
