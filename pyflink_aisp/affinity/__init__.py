@@ -46,6 +46,7 @@ from pyflink_aisp.affinity._worker import (
     apply_lease,
     local_lease,
     open_affinity,
+    unapply_lease,
 )
 
 if TYPE_CHECKING:
@@ -97,4 +98,5 @@ __all__ = [
     "place",
     "resolve_token",
     "topology_from_dict",
+    "unapply_lease",
 ]

@@ -18,7 +18,10 @@ they load the model, when ``--gpu-affinity URL`` / ``aisp.gpu-affinity`` is set)
    expired meanwhile, e.g. while the service was down, is acquired again if it
    lands on the same device; else it is given back and counted as a failure).
 
-:meth:`WorkerAffinity.close` stops the renewer and releases the lease. When the
+:meth:`WorkerAffinity.close` stops the renewer, releases the lease and undoes 2 and 3
+(:func:`unapply_lease`: PyFlink's MiniCluster runs the Python functions of every
+subtask in the client process itself, its loopback mode, so a process may hold
+several leases and outlive them). When the
 service cannot be reached, ``--gpu-affinity-policy`` decides: ``fail`` (the
 operator's ``open()`` raises, the job fails in one line) or ``local`` (a
 deterministic local choice: the placement the service would make for subtasks
@@ -66,6 +69,7 @@ _log = logging.getLogger(__name__)
 #: Topology file for the ``local`` policy on hosts without NVML.
 TOPOLOGY_ENV = "AISP_AFFINITY_TOPOLOGY"
 _APPLIED: dict[str, Lease] = {}  # this process's applied leases by id
+_BEFORE: dict[str, Any] = {}  # CPU set and CUDA_VISIBLE_DEVICES before the first applied lease
 _APPLIED_LOCK = threading.Lock()
 
 
@@ -192,8 +196,7 @@ class WorkerAffinity:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-        with _APPLIED_LOCK:
-            _APPLIED.pop(self.lease.id, None)
+        unapply_lease(self.lease.id)
         if self.client is not None:
             try:
                 self.client.release(self.lease.id)
@@ -258,9 +261,30 @@ def apply_lease(lease: Lease) -> None:
                 f"lease {lease.id}: CUDA is already initialised in this worker, "
                 f"CUDA_VISIBLE_DEVICES={wanted!r} would not take effect"
             )
+        if not _APPLIED:
+            _BEFORE.update(cpus=os.sched_getaffinity(0), cuda=os.environ.get("CUDA_VISIBLE_DEVICES"))
         os.environ["CUDA_VISIBLE_DEVICES"] = wanted
         _APPLIED[lease.id] = lease
         pinned = set().union(*(set(a.cpus) for a in _APPLIED.values())) & _allowed_cpus()
+    _pin_threads(pinned)
+
+
+def unapply_lease(lease_id: str) -> None:
+    """Undo :func:`apply_lease` once the lease ends: the process is pinned to the CPUs of its
+    other leases, or, after its last, back to the CPU set and ``CUDA_VISIBLE_DEVICES`` it had
+    before the first (the released CPUs may be leased to another subtask next). A process
+    that initialised CUDA keeps its devices whatever the variable says. Unknown ids: no-op."""
+    with _APPLIED_LOCK:
+        if _APPLIED.pop(lease_id, None) is None:
+            return
+        if _APPLIED:
+            pinned = set().union(*(set(a.cpus) for a in _APPLIED.values())) & _allowed_cpus()
+        else:
+            pinned = set(_BEFORE["cpus"])
+            if _BEFORE["cuda"] is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = _BEFORE["cuda"]
     _pin_threads(pinned)
 
 

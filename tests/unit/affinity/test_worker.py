@@ -76,6 +76,11 @@ late = []
 t = threading.Thread(target=lambda: late.extend(sorted(os.sched_getaffinity(0))))
 t.start(); t.join(); stop.set(); early.join()
 out["late"] = late
+from pyflink_aisp.affinity import unapply_lease
+for lease_id in out.get("applied", []):
+    unapply_lease(lease_id)
+out["after_env"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+out["after_main"] = sorted(os.sched_getaffinity(0))
 print(json.dumps(out))
 """
 
@@ -94,9 +99,10 @@ def _apply_in_child(*leases: Lease) -> dict:
     return json.loads(done.stdout)
 
 
-def test_a_mig_lease_sets_cuda_visible_devices_and_pins_every_thread() -> None:
+def test_a_mig_lease_sets_cuda_visible_devices_and_pins_every_thread_until_it_ends() -> None:
     out = _apply_in_child(_lease(MIG, (0,)))
     assert (out["env"], out["main"], out["early"], out["late"]) == (MIG, [0], [0], [0])
+    assert (out["after_env"], out["after_main"]) == (None, sorted(os.sched_getaffinity(0)))
 
 
 def test_a_cpu_lease_hides_every_gpu_and_two_leases_pin_to_the_union() -> None:
