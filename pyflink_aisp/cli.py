@@ -1,6 +1,7 @@
 """``aisp``: the command line of pyflink-aisp.
 
 Subcommands: ``local up|down|status`` (embedded Kafka broker + Flink cluster),
+``affinity serve|topology|leases`` (GPU affinity side service),
 ``model build|publish``, ``ingest`` (real reviews → Kafka), ``verify`` (two runs'
 outputs or manifests agree), ``backfill`` (re-score up to a stream's checkpoint),
 ``demo`` (the main job end to end), ``package`` (the job for a cluster without the
@@ -112,6 +113,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``aisp`` argument parser."""
+    from pyflink_aisp.affinity._cli import add_affinity_commands
     from pyflink_aisp.deploy._cli import add_deploy_commands
     from pyflink_aisp.local import add_container_commands, add_local_commands
 
@@ -120,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_local_commands(sub)
     add_container_commands(sub)
     add_deploy_commands(sub)
+    add_affinity_commands(sub)
     from pyflink_aisp.alignment._cli import add_alignment_commands
 
     add_alignment_commands(sub)

@@ -18,12 +18,20 @@ caller can catch one type. Errors carry the context a user needs to act
     │   ├── InferenceTimeoutError  it waited longer than the operator's timeout
     │   └── CircuitOpenError       too many records fail inference: fail the job (restart)
     ├── OversizedOutputError   a record's output is larger than the sink can write
-    └── KafkaError             producing to / consuming from Kafka failed
+    ├── KafkaError             producing to / consuming from Kafka failed
+    └── AffinityError          GPU affinity: topology, placement, leases, the service
+        ├── TopologyError          a topology file or NVML discovery is unusable
+        ├── PlacementRefusedError  no GPU / NUMA node can take the request (no over-commit)
+        ├── UnknownDeviceError     a request names a GPU / MIG instance the host lacks
+        ├── LeaseNotFoundError     no lease of that id (or it expired / was released)
+        └── AffinityUnavailableError  the affinity service cannot be reached
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "AffinityError",
+    "AffinityUnavailableError",
     "AispError",
     "ChecksumError",
     "CircuitOpenError",
@@ -34,10 +42,14 @@ __all__ = [
     "InferenceError",
     "InferenceTimeoutError",
     "KafkaError",
+    "LeaseNotFoundError",
     "ModelError",
     "OversizedOutputError",
+    "PlacementRefusedError",
     "ServiceError",
     "TokenizeError",
+    "TopologyError",
+    "UnknownDeviceError",
 ]
 
 
@@ -162,3 +174,46 @@ class OversizedOutputError(AispError):
                          f"{limit_bytes} bytes (max.request.size / max.message.bytes less record overhead)")
         self.size_bytes = size_bytes
         self.limit_bytes = limit_bytes
+
+
+class AffinityError(AispError):
+    """GPU affinity (topology, placement, leases, the side service) failed; context in the message."""
+
+
+class TopologyError(AffinityError, ValueError):
+    """A topology file (or NVML discovery) is unusable: the message names the field and the file."""
+
+
+class PlacementRefusedError(AffinityError):
+    """No candidate device can take the request without over-committing it.
+
+    Attributes:
+        explanation: Per-candidate reasons (JSON-ready dicts), as the service returns them.
+    """
+
+    def __init__(self, message: str, explanation: list[dict[str, object]] | None = None) -> None:
+        super().__init__(message)
+        self.explanation = explanation or []
+
+
+class UnknownDeviceError(AffinityError, LookupError):
+    """A request names a GPU or MIG instance (uuid or index) that the topology lacks."""
+
+
+class LeaseNotFoundError(AffinityError, KeyError):
+    """No active lease of that id (unknown, released or expired).
+
+    Attributes:
+        gone: The lease existed and was released or expired (HTTP 410), not unknown (404).
+    """
+
+    def __init__(self, message: str, *, gone: bool = False) -> None:
+        super().__init__(message)
+        self.gone = gone
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class AffinityUnavailableError(AffinityError):
+    """The affinity service did not answer (after the client's retries)."""

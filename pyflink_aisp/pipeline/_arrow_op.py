@@ -34,6 +34,7 @@ from typing import Any
 from pyflink.table import DataTypes
 from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
+from pyflink_aisp.affinity import AffinitySettings, open_affinity
 from pyflink_aisp.errors import ConfigError, InferenceError, OversizedOutputError
 from pyflink_aisp.inference import (
     BatchingConfig,
@@ -81,12 +82,14 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
             becomes an ``oversized_output`` dead letter; dead letters always fit.
         breaker: Circuit breaker over inference failures (decode dead letters do
             not count); None: never trips.
+        affinity: GPU affinity lease taken in ``open()`` before the model loads
+            (:func:`~pyflink_aisp.affinity.open_affinity`); None: none.
     """
 
     def __init__(self, handler: ModelHandler[Any, Any, Any], *, batching: BatchingConfig,
                  swap: ModelSwapConfig | None = None, with_embedding: bool = False,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-                 breaker: BreakerConfig | None = None) -> None:
+                 breaker: BreakerConfig | None = None, affinity: AffinitySettings | None = None) -> None:
         if max_record_bytes < MIN_RECORD_BYTES:
             raise ConfigError(f"max_record_bytes must be >= {MIN_RECORD_BYTES}, got {max_record_bytes}")
         self._handler = handler
@@ -98,11 +101,14 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         self._breaker_config = breaker
         self._breaker: FailureRateBreaker | None = None
         self._runtime: ModelRuntime | None = None
+        self._affinity_settings = affinity
+        self._affinity: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_runtime"] = None
         state["_breaker"] = None
+        state["_affinity"] = None
         return state
 
     def open(self, function_context: FunctionContext) -> None:
@@ -110,7 +116,9 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
 
         Raises:
             ModelError: The model cannot be loaded.
+            AffinityError: ``affinity`` is set and no lease could be taken or applied.
         """
+        self._affinity = open_affinity(self._affinity_settings, function_context)  # before CUDA starts
         self._runtime = ModelRuntime.acquire(self._handler, self._batching, swap=self._swap,
                                              key=self._handler_key)
         self._breaker = None if self._breaker_config is None else FailureRateBreaker(self._breaker_config)
@@ -128,6 +136,8 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         self._runtime.bind_metrics(group)
         if self._breaker is not None:
             bind_breaker_metrics(group, self._breaker)
+        if self._affinity is not None:
+            self._affinity.bind_metrics(group)
 
     def _count_reader(self, name: str) -> Callable[[], int]:
         return lambda: self._counts[name]
@@ -200,10 +210,13 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         self._e2e_us.add((end - start) * 1e6)
 
     def close(self) -> None:
-        """Release the worker's model (freed when its last user closes)."""
+        """Release the worker's model (freed when its last user closes), then the affinity lease."""
         if self._runtime is not None:
             self._runtime.release()
             self._runtime = None
+        if self._affinity is not None:
+            self._affinity.close()
+            self._affinity = None
 
 
 def _coordinate(value: Any) -> int:

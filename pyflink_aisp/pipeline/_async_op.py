@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from pyflink.datastream.functions import AsyncFunction, RuntimeContext
 
+from pyflink_aisp.affinity import AffinitySettings, open_affinity
 from pyflink_aisp.errors import InferenceError, InferenceTimeoutError
 from pyflink_aisp.inference import (
     BatchingConfig,
@@ -63,6 +64,8 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
             not); when it opens, ``async_invoke`` raises
             :class:`~pyflink_aisp.errors.CircuitOpenError` and the job fails over.
             None: never trips.
+        affinity: GPU affinity lease taken in ``open()`` before the model loads
+            (:func:`~pyflink_aisp.affinity.open_affinity`); None: none.
 
     Metrics: see :mod:`pyflink_aisp.inference._metrics` (group ``aisp``).
     """
@@ -71,6 +74,7 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         state = dict(self.__dict__)
         state["_runtime"] = None
         state["_breaker"] = None
+        state["_affinity"] = None
         return state
 
     def __init__(
@@ -84,6 +88,7 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         swap: ModelSwapConfig | None = None,
         prepare: Callable[[IN], Any] | None = None,
         breaker: BreakerConfig | None = None,
+        affinity: AffinitySettings | None = None,
     ) -> None:
         self._handler = handler
         self._handler_key = handler_key(handler)  # here, on the client: see handler_key
@@ -97,8 +102,11 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         self._breaker: FailureRateBreaker | None = None
         self._runtime: ModelRuntime | None = None
         self._counts = {"recordsIn": 0, "recordsOut": 0, "deadLetters": 0}
+        self._affinity_settings = affinity
+        self._affinity: Any = None
 
     def open(self, runtime_context: RuntimeContext) -> None:
+        self._affinity = open_affinity(self._affinity_settings, runtime_context)  # before CUDA starts
         self._runtime = ModelRuntime.acquire(self._handler, self._batching, swap=self._swap,
                                              key=self._handler_key)
         self._breaker = None if self._breaker_config is None else FailureRateBreaker(self._breaker_config)
@@ -112,6 +120,8 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         self._runtime.bind_metrics(group)
         if self._breaker is not None:
             bind_breaker_metrics(group, self._breaker)
+        if self._affinity is not None:
+            self._affinity.bind_metrics(group)
 
     def _count_reader(self, name: str) -> Callable[[], int]:
         return lambda: self._counts[name]
@@ -173,3 +183,6 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         if self._runtime is not None:
             self._runtime.release()
             self._runtime = None
+        if self._affinity is not None:
+            self._affinity.close()
+            self._affinity = None

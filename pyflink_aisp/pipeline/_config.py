@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pyflink_aisp.affinity import AffinityPolicy, AffinitySettings
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import BatchingConfig, BreakerConfig, ModelSwapConfig, Pooling
 from pyflink_aisp.inference._torch import parse_torch_device
@@ -100,6 +101,9 @@ class PipelineOptions:
     device: str = "cpu"
     precision: Precision = Precision.FP32
     onnx_provider: GpuProvider = GpuProvider.CUDA
+    gpu_affinity: str | None = None
+    gpu_affinity_policy: AffinityPolicy = AffinityPolicy.FAIL
+    gpu_mem_mib: int = 1024
     model_pointer: Path | None = None
     model_poll_interval_s: float = 2.0
     intra_op_threads: int = 0
@@ -161,6 +165,7 @@ class PipelineOptions:
         if self.precision is not Precision.FP32 and self.runtime is not InferenceRuntime.TORCH:
             raise ConfigError(f"--precision {self.precision.value} needs --runtime torch (no "
                               "reduced-precision ONNX model is built)")
+        self.affinity()  # --gpu-affinity: a URL, and --device cpu or cuda (= cuda:0)
         if self.runtime is InferenceRuntime.TORCH and self.model_pointer is not None:
             raise ConfigError("--model-pointer (hot swap) needs --runtime onnx: the torch handler "
                               "cannot swap")
@@ -181,6 +186,23 @@ class PipelineOptions:
         except ConfigError as exc:
             named = [o.flag for o in OPTIONS if o.name in str(exc)]
             raise ConfigError(f"{named[0]}: {exc}" if named else str(exc)) from exc
+
+    def affinity(self) -> AffinitySettings | None:
+        """The workers' affinity settings (None without ``--gpu-affinity``). The lease key's
+        job is the job name; without topics (SQL functions) and without ``--job-name`` it is
+        ``aisp-sql-<host>-<pid>`` of the worker, so two SQL jobs never share a lease.
+
+        Raises:
+            ConfigError: Not an http(s) URL, or ``--device cuda:N`` with N > 0 (the service picks the GPU).
+        """
+        if self.gpu_affinity is None:
+            return None
+        import socket
+
+        job = self.job_name or (self.name if self.input_topic
+                                else f"aisp-sql-{socket.gethostname()}-{os.getpid()}")
+        return AffinitySettings(url=self.gpu_affinity, job=job, device=self.resolved_device,
+                                mem_bytes=self.gpu_mem_mib * 2**20, policy=self.gpu_affinity_policy)
 
     def breaker(self) -> BreakerConfig | None:
         """The circuit breaker's config (None with ``--max-failure-rate none``): it

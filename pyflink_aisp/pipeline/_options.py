@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyflink_aisp.affinity import AffinityPolicy
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import Pooling
 
@@ -289,6 +290,15 @@ OPTIONS: tuple[Option, ...] = (
        job_param="aisp.precision"),
     _o("onnx_provider", GpuProvider, GpuProvider.CUDA, "ONNX Runtime execution provider on a GPU: cuda or "
        "tensorrt (CUDA takes the nodes TensorRT does not).", M, job_param="aisp.onnx.provider"),
+    _o("gpu_affinity", str, None, "URL of the GPU affinity service (`aisp affinity serve`): in open() each "
+       "inference subtask leases a GPU or MIG instance (--device cuda; it becomes cuda:0) or, with "
+       "--device cpu, a NUMA node's CPUs (no GPU visible), pins its threads to the lease's CPUs, renews "
+       "it and releases it in close().", M, job_param="aisp.gpu-affinity", nullable=True),
+    _o("gpu_affinity_policy", AffinityPolicy, AffinityPolicy.FAIL, "When the affinity service cannot be "
+       "reached: fail (the job fails at start) or local (a deterministic local choice, metric "
+       "affinityFallback = 1); never a silent CPU run.", M, job_param="aisp.gpu-affinity.policy"),
+    _o("gpu_mem_mib", int, 1024, "GPU memory each subtask's lease reserves (--gpu-affinity; the service "
+       "never over-commits a device).", M, unit="MiB", job_param="aisp.gpu-affinity.mem-mib", minimum=0),
     _o("model_pointer", Path, None, "Hot swap: JSON pointer {\"path\", \"sha256\"} polled by every "
        "worker (`aisp model publish`).", M, job_param="aisp.model.pointer", nullable=True),
     _o("model_poll_interval_s", float, 2.0, "Hot swap: seconds between two reads of the pointer.", M,

@@ -63,6 +63,7 @@ from pyflink.common import Row
 from pyflink.table import DataTypes
 from pyflink.table.udf import AsyncScalarFunction, FunctionContext, ScalarFunction
 
+from pyflink_aisp.affinity import WorkerAffinity, open_affinity
 from pyflink_aisp.inference import FailureRateBreaker, Inferred, ModelRuntime
 from pyflink_aisp.inference._metrics import Window, bind_breaker_metrics, register_window
 from pyflink_aisp.pipeline._config import PipelineOptions
@@ -146,6 +147,7 @@ class _SharedModel:
         self.defaults = defaults
         self.runtime: ModelRuntime | None = None
         self.breaker: FailureRateBreaker | None = None
+        self.affinity: WorkerAffinity | None = None
         self.counts = {"recordsIn": 0, "recordsOut": 0, "nullInputs": 0, "deadLetters": 0}
         self.e2e_us = Window()
         self._stats_path: Path | None = None
@@ -160,6 +162,7 @@ class _SharedModel:
 
     def open(self, context: FunctionContext) -> None:
         config = PipelineOptions.from_job_parameters(_job_parameters(context), base=self.defaults)
+        self.affinity = open_affinity(config.affinity(), context)  # before the model (and CUDA) starts
         self.runtime = ModelRuntime.acquire(handler_for(config), config.batching(), swap=config.swap())
         breaker = config.breaker()
         self.breaker = None if breaker is None else FailureRateBreaker(breaker)
@@ -172,6 +175,8 @@ class _SharedModel:
             self.runtime.bind_metrics(group)
             if self.breaker is not None:
                 bind_breaker_metrics(group, self.breaker)
+            if self.affinity is not None:
+                self.affinity.bind_metrics(group)
         if config.stats_dir is not None:
             config.stats_dir.mkdir(parents=True, exist_ok=True)
             self._stats_path = config.stats_dir / f"aisp-stats-{os.getpid()}.json"
@@ -195,6 +200,9 @@ class _SharedModel:
             self._write_stats()
             self.runtime.release()
             self.runtime = None
+        if self.affinity is not None:
+            self.affinity.close()
+            self.affinity = None
 
     def _write_loop(self) -> None:
         """Rewrite the stats file while its counts change: ``close()`` is not sure to

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pyflink_aisp import pipeline
+from pyflink_aisp.affinity import AffinityPolicy
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import BatchingConfig, ModelSwapConfig, Pooling
 from pyflink_aisp.pipeline import (
@@ -127,7 +128,8 @@ def _non_default(tmp_path: Path) -> PipelineOptions:
         encoder_onnx=tmp_path / "e.onnx", encoder_tokenizer=tmp_path / "tokenizer.json",
         encoder_output="last_hidden_state", encoder_pooling=Pooling.CLS, encoder_normalize=True,
         stats_dir=tmp_path / "s", onnx_spin_wait=False, max_failure_rate=0.25, failure_window=40,
-        device="cuda:1", onnx_provider=GpuProvider.TENSORRT,
+        device="cuda", onnx_provider=GpuProvider.TENSORRT, gpu_affinity="http://127.0.0.1:7420",
+        gpu_affinity_policy=AffinityPolicy.LOCAL, gpu_mem_mib=2048,
     )
 
 
@@ -168,6 +170,9 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.device": "cpu",
         "aisp.precision": "fp32",
         "aisp.onnx.provider": "cuda",
+        "aisp.gpu-affinity": "none",
+        "aisp.gpu-affinity.policy": "fail",
+        "aisp.gpu-affinity.mem-mib": "1024",
         "aisp.model.poll-interval-s": "2.0",
         "aisp.onnx.intra-op-threads": "0",
         "aisp.onnx.spin-wait": "none",
