@@ -32,7 +32,7 @@ from pyflink_aisp.affinity._placement import Held, LeaseKind, PlacementRequest, 
 from pyflink_aisp.affinity._topology import Topology
 from pyflink_aisp.errors import ConfigError, LeaseNotFoundError
 
-__all__ = ["Lease", "LeaseState", "LeaseStore"]
+__all__ = ["Lease", "LeaseState", "LeaseStore", "device_fields"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -112,6 +112,14 @@ class Lease:
                 "candidates": tuple(data.get("candidates", ())),
             }
         )
+
+
+def device_fields(chosen: Any) -> dict[str, Any]:
+    """The :class:`Lease` fields that come from the placement's chosen candidate
+    (device, GPU uuid and index, MIG, NUMA node, CPUs)."""
+    return {"device": chosen.id, "gpu_uuid": None if chosen.kind is LeaseKind.CPU else chosen.parent,
+            "gpu_index": chosen.gpu_index, "mig": chosen.mig_index is not None,
+            "numa_node": chosen.numa_node, "cpus": chosen.cpus}
 
 
 def _row_lease(row: sqlite3.Row) -> Lease:
@@ -240,12 +248,7 @@ class LeaseStore:
                 subtask=request.subtask,
                 host=request.host or self.topology.host,
                 kind=request.kind,
-                device=c.id,
-                gpu_uuid=None if c.kind is LeaseKind.CPU else c.parent,
-                gpu_index=c.gpu_index,
-                mig=c.mig_index is not None,
-                numa_node=c.numa_node,
-                cpus=c.cpus,
+                **device_fields(c),
                 mem_bytes=request.mem_bytes,
                 ttl_s=ttl,
                 acquired_at=now,

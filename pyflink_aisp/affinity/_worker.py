@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pyflink_aisp.affinity._placement import Held, LeaseKind, PlacementRequest, place
-from pyflink_aisp.affinity._store import Lease, LeaseState
+from pyflink_aisp.affinity._store import Lease, LeaseState, device_fields
 from pyflink_aisp.affinity._token import resolve_token
 from pyflink_aisp.affinity._topology import Topology, host_numa_nodes, hostname, online_cpus
 from pyflink_aisp.errors import AffinityError, AffinityUnavailableError, ConfigError, LeaseNotFoundError
@@ -322,12 +322,7 @@ def local_lease(settings: AffinitySettings, operator: str, subtask: int, topolog
         subtask=subtask,
         host=topology.host,
         kind=settings.kind,
-        device=c.id,
-        gpu_uuid=None if c.kind is LeaseKind.CPU else c.parent,
-        gpu_index=c.gpu_index,
-        mig=c.mig_index is not None,
-        numa_node=c.numa_node,
-        cpus=c.cpus,
+        **device_fields(c),
         mem_bytes=settings.mem_bytes,
         ttl_s=settings.ttl_s,
         acquired_at=0.0,

@@ -111,3 +111,32 @@ def affinity_service(tmp_path: Path) -> Iterator:
     yield start
     for service in started:
         service.stop()
+
+
+def settled(read, done, timeout_s: float = 60.0):
+    """``read()`` once ``done(value)`` holds (or at the deadline): PyFlink may finish a
+    function's ``close()`` just after the job's result is in (see _sql_functions)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    value = read()
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        value = read()
+    return value
+
+
+def check_numa_spread(leases, nodes) -> None:
+    """Two CPU leases on a 2-node host: on both nodes when held at once, else each on the best one."""
+    if len(nodes) == 2:
+        a, b = leases
+        if a.acquired_at < b.released_at and b.acquired_at < a.released_at:  # held at once: spread
+            assert sorted(x.cpus for x in leases) == sorted(tuple(n) for n in nodes)
+        else:  # one after the other (BATCH may run the subtasks apart): each got the best node
+            assert [x.cpus for x in leases] == [tuple(nodes[0])] * 2
+
+
+@pytest.fixture
+def affinity_checks():
+    """``(settled, check_numa_spread)`` for the job tests (test modules cannot import conftest)."""
+    return settled, check_numa_spread

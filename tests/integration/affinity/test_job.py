@@ -46,8 +46,9 @@ def _this_host_as_two_numa_nodes(path) -> list[list[int]]:
 
 @pytest.mark.parametrize("operator", ["arrow", "async"])
 def test_two_subtasks_take_distinct_leases_and_release_them_at_job_end(
-    operator, affinity_service, kafka_bootstrap, topic, model_assets, tmp_path
+    operator, affinity_service, kafka_bootstrap, topic, model_assets, tmp_path, affinity_checks
 ) -> None:
+    settled, check_numa_spread = affinity_checks
     nodes = _this_host_as_two_numa_nodes(tmp_path / "host.json")
     service = affinity_service(tmp_path / "host.json", token=None, ttl_s=600)
     reviews = load_rotten_tomatoes()[500:540]
@@ -79,7 +80,7 @@ def test_two_subtasks_take_distinct_leases_and_release_them_at_job_end(
     )
     before = (sorted(os.sched_getaffinity(0)), os.environ.get("CUDA_VISIBLE_DEVICES"))
     build_pipeline(make_environment(options), options).wait()
-    state = _settled(
+    state = settled(
         lambda: (sorted(os.sched_getaffinity(0)), os.environ.get("CUDA_VISIBLE_DEVICES")),
         lambda v: v == before,
     )
@@ -88,7 +89,7 @@ def test_two_subtasks_take_distinct_leases_and_release_them_at_job_end(
     out = read_topic(kafka_bootstrap, t_out, min_count=len(reviews))
     assert sorted(json.loads(m.value())["id"] for m in out) == sorted(r.id for r in reviews)
     client = AffinityClient(ClientConfig(url=service.url))
-    leases = _settled(
+    leases = settled(
         lambda: client.leases(job=options.name),
         lambda ls: len(ls) == 2 and all(x.state is LeaseState.RELEASED for x in ls),
     )
@@ -96,22 +97,4 @@ def test_two_subtasks_take_distinct_leases_and_release_them_at_job_end(
     assert len({x.id for x in leases}) == 2 and len({x.operator for x in leases}) == 1
     assert all(x.state is LeaseState.RELEASED and x.released_at is not None for x in leases)
     assert all(x.kind is LeaseKind.CPU and x.cuda_visible_devices == "" for x in leases)
-    if len(nodes) == 2:
-        a, b = leases
-        if a.acquired_at < b.released_at and b.acquired_at < a.released_at:  # held at once: spread
-            assert sorted(x.cpus for x in leases) == sorted(tuple(n) for n in nodes)
-        else:  # one after the other (BATCH may run the subtasks apart): each got the best node
-            assert [x.cpus for x in leases] == [tuple(nodes[0])] * 2
-
-
-def _settled(read, done, timeout_s: float = 60.0):
-    """``read()`` once ``done(value)`` holds (or at the deadline): PyFlink may finish a
-    function's ``close()`` just after the job's result is in (see _sql_functions)."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    value = read()
-    while not done(value) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        value = read()
-    return value
+    check_numa_spread(leases, nodes)

@@ -25,8 +25,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("function", ["sentiment", "sentiment_pandas"])
 def test_sql_function_instances_lease_and_release(
-    function, affinity_service, kafka_bootstrap, topic, model_assets, tmp_path
+    function, affinity_service, kafka_bootstrap, topic, model_assets, tmp_path, affinity_checks
 ) -> None:
+    settled, check_numa_spread = affinity_checks
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
     from pyflink_aisp.local import pipeline_jars_value
@@ -73,7 +74,7 @@ def test_sql_function_instances_lease_and_release(
     with t_env.execute_sql(f"SELECT id, {function}(`text`).score FROM reviews").collect() as rows:
         got = {row[0]: row[1] for row in rows}
     # the functions ran in this process (PyFlink's loopback mode) and give its CPUs and env back on close
-    state = _settled(
+    state = settled(
         lambda: (sorted(os.sched_getaffinity(0)), os.environ.get("CUDA_VISIBLE_DEVICES")),
         lambda v: v == before,
     )
@@ -81,29 +82,11 @@ def test_sql_function_instances_lease_and_release(
     assert set(got) == {r.id for r in reviews} and all(s is not None for s in got.values())
 
     client = AffinityClient(ClientConfig(url=service.url))
-    leases = _settled(
+    leases = settled(
         client.leases, lambda ls: len(ls) == 2 and all(x.state is LeaseState.RELEASED for x in ls)
     )
     assert sorted(x.subtask for x in leases) == [0, 1]
     assert len({x.id for x in leases}) == 2
     assert all(x.job.startswith("aisp-sql-") and x.kind is LeaseKind.CPU for x in leases)
     assert all(x.state is LeaseState.RELEASED for x in leases)
-    if len(nodes) == 2:
-        a, b = leases
-        if a.acquired_at < b.released_at and b.acquired_at < a.released_at:  # held at once: spread
-            assert sorted(x.cpus for x in leases) == sorted(tuple(n) for n in nodes)
-        else:  # one after the other (BATCH may run the subtasks apart): each got the best node
-            assert [x.cpus for x in leases] == [tuple(nodes[0])] * 2
-
-
-def _settled(read, done, timeout_s: float = 60.0):
-    """``read()`` once ``done(value)`` holds (or at the deadline): PyFlink may finish a
-    function's ``close()`` just after the job's result is in (see _sql_functions)."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    value = read()
-    while not done(value) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        value = read()
-    return value
+    check_numa_spread(leases, nodes)
