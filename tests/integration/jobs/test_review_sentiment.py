@@ -105,9 +105,10 @@ def test_scores_every_review_once_and_dead_letters_bad_records(
 
 
 def _source_offset(message, input_topic):
-    (name, value), = message.headers()
-    assert name == "aisp.source"
-    topic, partition, offset = value.decode().split("/")
+    headers = dict(message.headers())
+    assert set(headers) == {"aisp.source", "aisp.job"}
+    assert headers["aisp.job"].decode().startswith(f"aisp-{input_topic}-")  # the default job name
+    topic, partition, offset = headers["aisp.source"].decode().split("/")
     assert (topic, partition) == (input_topic, "0")
     return int(offset)
 
