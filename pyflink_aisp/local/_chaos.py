@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 
 from pyflink_aisp.errors import ServiceError
+from pyflink_aisp.local._flink import FlinkCluster
 from pyflink_aisp.local._stack import LocalStack
 
 __all__ = ["JobProgress", "job_progress", "kill_taskmanager", "wait_recovered"]
@@ -82,8 +83,6 @@ def kill_taskmanager(stack: LocalStack, *, with_workers: bool = True) -> list[in
     Raises:
         ServiceError: No TaskManager runs in the stack.
     """
-    from pyflink_aisp.local._flink import FlinkCluster
-
     cluster = FlinkCluster(stack.flink_config())
     managers = [psutil.Process(pid) for pid in cluster.taskmanager_pids()]
     if not managers:
