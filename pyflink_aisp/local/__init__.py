@@ -14,6 +14,8 @@ the poms in ``connectors/`` and are cached under ``<aisp_home>/jars``
 ``subprocess.run(flink_run_command("job.py"), env=flink_env())``.
 """
 
+from pyflink_aisp.local._chaos import JobProgress, job_progress, kill_taskmanager, wait_recovered
+from pyflink_aisp.local._chaos_run import FailureEvent, FailurePlan, FailureResult, run_chaos
 from pyflink_aisp.local._cli import add_local_commands, run_jars_command, run_local_command
 from pyflink_aisp.local._container import (
     ImageRole,
@@ -60,13 +62,18 @@ from pyflink_aisp.local._stack import (
     StackStatus,
     default_state_dir,
 )
+from pyflink_aisp.local._workers import orphaned_workers, python_workers, reap_processes
 
 __all__ = [
     "ENV_VARS",
+    "FailureEvent",
+    "FailurePlan",
+    "FailureResult",
     "FlinkCluster",
     "FlinkClusterConfig",
     "ImageRole",
     "JarKind",
+    "JobProgress",
     "KafkaBroker",
     "KafkaBrokerConfig",
     "LocalStack",
@@ -88,18 +95,25 @@ __all__ = [
     "flink_env",
     "flink_overview",
     "flink_run_command",
+    "job_progress",
+    "kill_taskmanager",
+    "orphaned_workers",
     "pipeline_jars_value",
     "port_is_free",
     "prometheus_settings",
     "pyflink_home",
+    "python_workers",
+    "reap_processes",
     "render_flink_config",
     "render_kafka_log4j2",
     "render_server_properties",
     "require_tools",
     "role_command",
+    "run_chaos",
     "run_jars_command",
     "run_local_command",
     "submit_command",
     "wait_for_services",
+    "wait_recovered",
     "write_flink_conf_dir",
 ]

@@ -78,12 +78,16 @@ def add_local_commands(subparsers: Any) -> argparse.ArgumentParser:
     local = subparsers.add_parser(
         "local", help="embedded dev stack: Kafka (KRaft) broker + Flink standalone cluster"
     )
-    actions = local.add_subparsers(dest="local_command", metavar="{up,down,status,jars,flink}")
+    actions = local.add_subparsers(
+        dest="local_command", metavar="{up,down,status,restart-taskmanager,jars,flink}"
+    )
     actions.required = True
     helps = {
         "up": "start the broker (and Flink) unless running; wait until they answer",
         "down": "stop what `up` started in the state folder",
         "status": "show what runs",
+        "restart-taskmanager": "start a TaskManager for the running JobManager when it is gone "
+        "(after reaping the Python workers dead TaskManagers left)",
     }
     for name, text in helps.items():
         parser = actions.add_parser(name, help=text, description=text)
@@ -158,7 +162,8 @@ def run_local_command(args: argparse.Namespace, out: TextIO | None = None) -> in
         )
         stack = LocalStack(config)
         started = time.monotonic()
-        action = {"up": stack.up, "down": stack.down, "status": stack.status}
+        action = {"up": stack.up, "down": stack.down, "status": stack.status,
+                  "restart-taskmanager": stack.restart_taskmanager}  # fmt: skip
         status = action[args.local_command]()
     except AispError as exc:
         print(f"error: {exc}", file=sys.stderr)

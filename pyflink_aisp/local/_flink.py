@@ -110,6 +110,10 @@ class FlinkCluster:
         """Live pids of this cluster's daemons (JobManager first); see the class doc."""
         return [pid for pids in self._daemon_pids().values() for pid in pids]
 
+    def taskmanager_pids(self) -> list[int]:
+        """Live pids of this cluster's TaskManager(s); see the class doc."""
+        return self._daemon_pids()[_TM]
+
     def _daemon_pids(self) -> dict[str, list[int]]:
         conf = str(self.config.conf_dir)
         found = {}

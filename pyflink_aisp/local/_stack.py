@@ -22,6 +22,7 @@ from pyflink_aisp.local._flink import FlinkCluster
 from pyflink_aisp.local._flink_config import FlinkClusterConfig
 from pyflink_aisp.local._jars import flink_connector_jars
 from pyflink_aisp.local._kafka import KafkaBroker, KafkaBrokerConfig
+from pyflink_aisp.local._workers import orphaned_workers, python_workers, reap_processes
 
 __all__ = [
     "ENV_VARS",
@@ -266,6 +267,7 @@ class LocalStack:
             self._record(recorded)
             broker.start()
             if cluster is not None:
+                self._reap_orphaned_workers(cluster)
                 cluster.start()
             return self._status(self._recorded())
 
@@ -281,10 +283,65 @@ class LocalStack:
             The status afterwards (both stopped).
         """
         with self._locked():
-            FlinkCluster(self.config.flink_config()).stop()
+            cluster = FlinkCluster(self.config.flink_config())
+            cluster.stop()
+            self._reap_orphaned_workers(cluster)  # workers of TaskManagers killed earlier
             KafkaBroker(self.config.kafka_config()).stop()
             (self.state_dir / _RECORD).unlink(missing_ok=True)
             return self._status({})
+
+    def restart_taskmanager(self) -> StackStatus:
+        """Start a TaskManager for the running JobManager when the TaskManager is gone.
+
+        Reaps the Python workers that dead TaskManagers left behind first, then
+        starts a TaskManager (``bin/taskmanager.sh start``) and waits until it
+        registers; the JobManager and its jobs stay (a job restarts on the new
+        slots by its restart strategy). A no-op when the TaskManager runs.
+
+        Returns:
+            The status afterwards.
+
+        Raises:
+            ServiceError: The Flink cluster is not running here, or the TaskManager
+                did not register within the start timeout (message has the log tail).
+        """
+        with self._locked():
+            cluster = FlinkCluster(self.flink_config())
+            if not cluster.pids():
+                raise ServiceError(
+                    f"no Flink cluster runs from {self.state_dir}: start it with `aisp local up`"
+                )
+            self._reap_orphaned_workers(cluster)
+            cluster.start()
+            return self._status(self._recorded())
+
+    def restart_broker(self) -> StackStatus:
+        """Stop the Kafka broker (SIGTERM) and start it again on the same data; waits until it answers.
+
+        Returns:
+            The status afterwards.
+
+        Raises:
+            ServiceError: The broker did not come back (message carries its log tail).
+        """
+        with self._locked():
+            broker = KafkaBroker(self._effective(self._recorded()).kafka_config())
+            broker.stop()
+            broker.start()
+            return self._status(self._recorded())
+
+    def python_workers(self) -> list[int]:
+        """Pids of the PyFlink Python workers of this stack's cluster (see ``_workers``)."""
+        return [p.pid for p in python_workers(self.flink_config().conf_dir)]
+
+    def orphaned_workers(self) -> list[int]:
+        """Pids of this cluster's Python workers that no live TaskManager of it started."""
+        cluster = FlinkCluster(self.flink_config())
+        return [p.pid for p in orphaned_workers(cluster.config.conf_dir, cluster.taskmanager_pids())]
+
+    def _reap_orphaned_workers(self, cluster: FlinkCluster) -> list[int]:
+        orphans = orphaned_workers(cluster.config.conf_dir, cluster.taskmanager_pids())
+        return reap_processes(orphans) if orphans else []
 
     def status(self) -> StackStatus:
         """What runs now, with the addresses recorded by the last ``up``.

@@ -6,7 +6,8 @@ import pytest
 
 import pyflink_aisp.local as local
 
-MODULES = ["_cli", "_container", "_flink", "_flink_config", "_jars", "_kafka", "_procs", "_stack"]
+MODULES = ["_chaos", "_chaos_run", "_cli", "_container", "_flink", "_flink_config", "_jars", "_kafka",
+           "_procs", "_stack", "_workers"]
 
 
 def test_all_names_exist_and_are_sorted():

@@ -79,3 +79,12 @@ def test_flink_without_a_running_cluster_says_to_start_it(tmp_path, capsys):
     args = _parse("flink", "--state-dir", str(tmp_path), "list")
     assert args.func(args) == 1
     assert "aisp local up" in capsys.readouterr().err
+
+
+def test_restart_taskmanager_without_a_cluster_is_one_line(tmp_path, capsys):
+    args = _parse("restart-taskmanager", "--state-dir", str(tmp_path))
+    out = io.StringIO()
+    assert args.func(args, out=out) == 1
+    assert out.getvalue() == ""
+    assert capsys.readouterr().err == (f"error: no Flink cluster runs from {tmp_path}: start it with "
+                                       "`aisp local up`\n")

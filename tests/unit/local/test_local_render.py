@@ -72,6 +72,7 @@ def test_flink_config_flattens_base_and_overrides(tmp_path):
     assert conf["execution.checkpointing.dir"] == (tmp_path / "flink" / "checkpoints").as_uri()
     assert conf["env.log.dir"] == str(tmp_path / "flink" / "log")
     assert conf["foo.bar"] == "x"
+    assert conf["heartbeat.interval"] == 2000 and "heartbeat.timeout" not in conf  # fast kill -9 detection
     assert all(not isinstance(v, dict) for v in conf.values())  # flat keys only
 
 

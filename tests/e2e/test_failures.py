@@ -1,0 +1,90 @@
+"""Issue 11 "Failures": the streaming job on the standalone cluster under real kill -9s of the
+TaskManager (with and without its Python worker) and a broker restart: exactly once, nothing left.
+
+Recovery times are measured and reported by bench/chaos.py, not asserted here.
+"""
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pyflink_aisp.datasets import load_rotten_tomatoes
+from pyflink_aisp.kafka import create_topics, ingest_records
+from pyflink_aisp.local import FailurePlan, kill_taskmanager, run_chaos, wait_recovered
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "jobs" / "review_sentiment.py"
+
+
+def test_kills_and_a_broker_restart_lose_and_duplicate_nothing(stack, model_assets, tmp_path):
+    plan = FailurePlan(records=1500, taskmanager_kills=3, broker_restarts=1, checkpoint_interval_ms=1000)
+    result = run_chaos(stack, plan, job_py=JOB, model_dir=model_assets.directory, work_dir=tmp_path)
+
+    assert [e.kind for e in result.events] == ["tm+workers", "broker", "tm", "tm+workers"]
+    assert all(e.recovery_s is not None for e in result.events), result.events
+    assert len(result.input_ids) == 1500 and len(set(result.input_ids)) == 1500
+    assert result.lost == []
+    assert result.duplicates == 0
+    assert set(result.output_counts) == set(result.input_ids)
+    assert result.dlq_count == 0
+    # a worker killed with its TaskManager leaves nothing; one left running by a lone TaskManager
+    # kill is an orphan until the restart reaps it
+    tm_only = [e for e in result.events if e.kind == "tm"]
+    assert all(e.orphans_before_restart >= 1 for e in tm_only), tm_only
+    assert all(e.orphans_after_restart == 0 for e in result.events), result.events
+    for event in result.events:
+        if event.kind == "tm+workers":
+            assert len(event.killed_pids) >= 2  # the TaskManager and its worker process(es)
+    assert result.orphans_at_end == 0
+    status = stack.status()
+    assert status.kafka.ready and status.flink.ready
+
+
+def _running(pids):
+    """The pids still running (a zombie waiting for its parent's wait() is not)."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def test_down_reaps_the_workers_a_killed_taskmanager_left(stack, model_assets, tmp_path):
+    """`aisp local down` stops the orphaned workers too; the stack comes back up after."""
+    bootstrap, rest = str(stack.status().bootstrap_servers), str(stack.status().rest_url)
+    t_in, t_out = "orphan-reviews", "orphan-scores"
+    create_topics(bootstrap, [t_in, t_out])
+    records = [{"id": r.id, "text": r.text} for r in load_rotten_tomatoes()[:100]]
+    assert ingest_records(bootstrap, t_in, records, progress=False).delivered == 100
+    cmd = stack.flink_run_command(str(JOB), "--bootstrap-servers", bootstrap, "--input-topic", t_in,
+                                  "--output-topic", t_out, "--model-dir", str(model_assets.directory),
+                                  "--checkpoint-interval-ms", "1000", "--job-name", "orphan-maker")
+    cmd.insert(cmd.index("run") + 1, "-d")
+    submitted = time.time()
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job_id = re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
+    assert wait_recovered(rest, job_id, int(submitted * 1000), 180) is not None
+    workers = stack.python_workers()
+    assert workers and stack.orphaned_workers() == []  # all under the live TaskManager
+
+    killed = kill_taskmanager(stack, with_workers=False)
+    assert len(killed) == 1 and killed[0] not in workers
+    orphans = stack.orphaned_workers()
+    assert orphans == workers  # the kill -9 left them running: what `down` must reap
+    try:
+        stack.down()
+        assert _running(orphans) == []
+        assert stack.python_workers() == []
+    finally:
+        stack.up()
+    assert stack.status().flink.ready
