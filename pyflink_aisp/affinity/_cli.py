@@ -143,7 +143,9 @@ def add_affinity_commands(subparsers: Any) -> argparse.ArgumentParser:
     topo.add_argument(
         "--topology", type=Path, default=None, help="a topology file (JSON or YAML) instead of NVML"
     )
-    topo.add_argument("--json", action="store_true", help="the topology file schema, as JSON")
+    topo.add_argument("--json", action="store_true",
+                      help="print the topology as JSON, in the topology file's schema "
+                           "(a file for --topology)")
     topo.set_defaults(func=_cmd_topology)
 
     serve = sub.add_parser("serve", help="run the lease service (HTTP/JSON, OpenAPI at /docs)")

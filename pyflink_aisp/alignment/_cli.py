@@ -23,7 +23,7 @@ from typing import Any
 
 from pyflink_aisp.alignment._manifest import OutcomeTracker, RunManifest
 from pyflink_aisp.alignment._verify import compare_outputs
-from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
 
 __all__ = ["add_alignment_commands", "verify_manifests"]
 
@@ -52,7 +52,8 @@ def verify_manifests(path_a: Path, path_b: Path, *, servers: str, tolerance: flo
     lines = []
     for side, m, path in (("a", a, path_a), ("b", b, path_b)):
         s = m.summary
-        lines.append(f"{side}: {path} ({m.mode}, checkpoint {m.checkpoint_id}): {s.input_count} in, "
+        where = m.mode if m.checkpoint_id is None else f"{m.mode}, checkpoint {m.checkpoint_id}"
+        lines.append(f"{side}: {path} ({where}): {s.input_count} in, "
                      f"{s.output_count} out, {s.dlq_count} dead letters, {s.duplicates} duplicated, "
                      f"{s.missing} missing, model {', '.join(s.model_versions) or '-'}")
     problems = []
@@ -115,8 +116,15 @@ def _cmd_transactions(args: argparse.Namespace) -> int:
         open_count = sum(r.state == "Ongoing" for r in rows)
         print(f"{len(rows)} transactions with prefix {prefix!r}, {open_count} open")
         return 0
-    if args.flink_rest_url and not args.force:
-        live = live_jobs_named(args.flink_rest_url, args.job_name)
+    if not args.force:
+        import os
+
+        rest = args.flink_rest_url or f"http://127.0.0.1:{os.environ.get('AISP_FLINK_REST_PORT', '8081')}"
+        try:
+            live = live_jobs_named(rest, args.job_name)
+        except EnvironmentSetupError as exc:
+            raise ConfigError(f"cannot tell whether job {args.job_name!r} is live ({exc}): pass the "
+                              "cluster's --flink-rest-url, or --force when it surely is not") from None
         if live:
             raise ConfigError(f"job {args.job_name!r} is {live[0][1]} ({live[0][0]}): aborting its "
                               "transactions would fence its producers; stop it first (or --force)")
@@ -135,8 +143,9 @@ def add_alignment_commands(sub: Any) -> None:
     tx.add_argument("--bootstrap-servers", default=None,
                     help="default: $AISP_KAFKA_BOOTSTRAP, else 127.0.0.1:$AISP_KAFKA_PORT (9092)")
     tx.add_argument("--flink-rest-url", default=None,
-                    help="abort: refuse while a job of that name is live on this cluster")
-    tx.add_argument("--force", action="store_true", help="abort even if the job looks live")
+                    help="abort: refuse while a job of that name is live on this cluster "
+                         "(default http://127.0.0.1:$AISP_FLINK_REST_PORT, 8081)")
+    tx.add_argument("--force", action="store_true", help="abort without asking the cluster")
     tx.set_defaults(func=_cmd_transactions)
     backfill = sub.add_parser(
         "backfill", help="re-score [--range-start, a running stream's last completed checkpoint) in BATCH "

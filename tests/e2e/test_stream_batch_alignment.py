@@ -92,6 +92,12 @@ def test_stream_manifests_backfill_verify_and_continuation(stack, model_assets, 
         assert verify.returncode == 0, verify.stdout + verify.stderr
         assert verify.stdout.rstrip().endswith("SAME")
 
+        # the stream's open transactions are not aborted while it runs
+        abort = subprocess.run([*AISP, "transactions", "abort", "--job-name", "align-stream",
+                                "--bootstrap-servers", bootstrap, "--flink-rest-url", rest],
+                               capture_output=True, text=True, timeout=120)
+        assert abort.returncode == 1 and "job 'align-stream' is RUNNING" in abort.stderr, abort.stderr
+
         # the stream goes on over new records; a second stream continues the backfill from where it ended
         assert ingest_records(bootstrap, t_in, records[FIRST:], progress=False).delivered == MORE
         cont = stack.flink_run_command(str(ROOT / "jobs" / "review_sentiment.py"), *common, "--output-topic",

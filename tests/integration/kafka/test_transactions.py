@@ -59,7 +59,13 @@ def test_an_open_transaction_is_listed_and_aborted_so_readers_move_on(kafka_boot
     assert aisp(["transactions", "list", "--job-name", job, "--bootstrap-servers", kafka_bootstrap]) == 0
     assert f"1 transactions with prefix '{job}', 1 open" in capsys.readouterr().out
 
-    assert aisp(["transactions", "abort", "--job-name", job, "--bootstrap-servers", kafka_bootstrap]) == 0
+    # without a cluster to ask whether the job is live, abort is refused unless forced
+    no_cluster = ["--flink-rest-url", "http://127.0.0.1:1"]
+    assert aisp(["transactions", "abort", "--job-name", job, "--bootstrap-servers", kafka_bootstrap,
+                 *no_cluster]) == 1
+    assert f"cannot tell whether job '{job}' is live" in capsys.readouterr().err
+    assert aisp(["transactions", "abort", "--job-name", job, "--bootstrap-servers", kafka_bootstrap,
+                 "--force"]) == 0
     assert f"aborted 1 open transactions: {job}-scores-0-3" in capsys.readouterr().out
     assert topic_offsets(kafka_bootstrap, t).latest == {0: 6}  # 5 aborted records + the abort marker
     assert read_range(kafka_bootstrap, resolve_range(kafka_bootstrap, t, "earliest", "latest")) == []
