@@ -34,9 +34,9 @@ def test_kills_and_a_broker_restart_lose_and_duplicate_nothing(stack, model_asse
     assert set(result.output_counts) == set(result.input_ids)
     assert result.dlq_count == 0
     # a worker killed with its TaskManager leaves nothing; one left running by a lone TaskManager
-    # kill is an orphan until the restart reaps it
-    tm_only = [e for e in result.events if e.kind == "tm"]
-    assert all(e.orphans_before_restart >= 1 for e in tm_only), tm_only
+    # kill is an orphan until the restart reaps it (it may also exit by itself first, when it sees
+    # its TaskManager's connection drop: 0 or more before the restart, none after;
+    # test_down_reaps_the_workers_a_killed_taskmanager_left proves the reaping of a live one)
     assert all(e.orphans_after_restart == 0 for e in result.events), result.events
     for event in result.events:
         if event.kind == "tm+workers":

@@ -14,7 +14,8 @@ ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 
 
 def _run(tmp_path, *args, **env):
-    full = {**os.environ, "AISP_PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("AISP_")}  # only what we set
+    full = {**inherited, "AISP_PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
             "AISP_STATE_DIR": str(tmp_path / "state"), "AISP_SHARED_DIR": str(tmp_path / "shared"),
             "AISP_TASKMANAGER_HOST": "tm-1", **env}
     proc = subprocess.run(["bash", str(ENTRYPOINT), *args], env=full, capture_output=True, text=True,
