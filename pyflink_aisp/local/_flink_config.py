@@ -39,6 +39,9 @@ __all__ = [
 IDENT = "aisp"  # FLINK_IDENT_STRING: names the daemons' pid and log files
 MAX_TASKMANAGERS = 16  # one host: each TaskManager is a JVM of taskmanager_memory_mb
 _PYTHON_ENV_VARS = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYFLINK_CLIENT_EXECUTABLE")
+#: TaskManager metaspace (MiB) when its process has room (at least _BIG_METASPACE_FROM_MB).
+_TASKMANAGER_METASPACE_MB = 768
+_BIG_METASPACE_FROM_MB = 2560
 _HEARTBEAT_INTERVAL_MS = 2000  # see render_flink_config (Flink docs: "heartbeat.interval")
 
 
@@ -254,6 +257,12 @@ def render_flink_config(config: FlinkClusterConfig, base: Mapping[str, Any]) -> 
         }
     )
     flat.update(prometheus_settings(config))
+    if config.taskmanager_memory_mb >= _BIG_METASPACE_FROM_MB:
+        # every PyFlink job loads the connector and flink-python classes in its own user-code
+        # class loader, and not all of it is freed when the job ends: Flink's default 256 MiB
+        # metaspace ran out on one TaskManager after a dozen jobs ("OutOfMemoryError: Metaspace",
+        # the TaskManager shuts down and the next jobs get no slots)
+        flat["taskmanager.memory.jvm-metaspace.size"] = f"{_TASKMANAGER_METASPACE_MB}m"
     if config.taskmanagers > 1:
         flat["taskmanager.load-balance.mode"] = "slots"
     if config.isolated_python:

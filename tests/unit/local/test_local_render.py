@@ -67,6 +67,7 @@ def test_flink_config_flattens_base_and_overrides(tmp_path):
     assert conf["taskmanager.numberOfTaskSlots"] == 4
     assert conf["taskmanager.memory.process.size"] == "3072m"
     assert conf["taskmanager.memory.managed.size"] == "512m"
+    assert conf["taskmanager.memory.jvm-metaspace.size"] == "768m"  # room for many jobs' class loaders
     assert conf["jobmanager.memory.process.size"] == "1024m"
     assert conf["python.executable"] == conf["python.client.executable"] == "/venv/bin/python"
     assert conf["execution.checkpointing.dir"] == (tmp_path / "flink" / "checkpoints").as_uri()
