@@ -80,7 +80,10 @@ def test_down_reaps_the_workers_a_killed_taskmanager_left(stack, model_assets, t
     killed = kill_taskmanager(stack, with_workers=False)
     assert len(killed) == 1 and killed[0] not in workers
     orphans = stack.orphaned_workers()
-    assert orphans == workers  # the kill -9 left them running: what `down` must reap
+    # the kill -9 leaves them running (what `down` must reap) unless one exits first on its own,
+    # seeing its TaskManager's connection drop (tests/unit/local/test_local_workers.py reaps real
+    # processes, one of them ignoring SIGTERM, without that race)
+    assert set(orphans) <= set(workers)
     try:
         stack.down()
         assert _running(orphans) == []
