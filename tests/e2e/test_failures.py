@@ -14,12 +14,22 @@ import pytest
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.kafka import create_topics, ingest_records
-from pyflink_aisp.local import FailurePlan, kill_taskmanager, run_chaos, wait_recovered
+from pyflink_aisp.local import FailurePlan, LocalStack, kill_taskmanager, run_chaos, wait_recovered
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "review_sentiment.py"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, stack_config):
+    """A stack of its own: these tests kill its TaskManager and restart its broker and the whole
+    stack, which must not leave the other e2e tests' shared stack in that state."""
+    stack = LocalStack(stack_config(tmp_path_factory.mktemp("chaos-stack")))
+    stack.up()
+    yield stack
+    stack.down()
 
 
 def test_kills_and_a_broker_restart_lose_and_duplicate_nothing(stack, model_assets, tmp_path):
