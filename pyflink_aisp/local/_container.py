@@ -31,6 +31,7 @@ from pyflink_aisp.errors import AispError, ConfigError, ServiceError
 from pyflink_aisp.local._flink import flink_overview
 from pyflink_aisp.local._flink_config import (
     FlinkClusterConfig,
+    daemon_env,
     flink_env,
     pyflink_home,
     write_flink_conf_dir,
@@ -254,7 +255,7 @@ def role_command(
         wait_for_services(env)
         return submit_command(env), {**env, **flink_env(config)}
     script = pyflink_home() / "bin" / f"{chosen.value}.sh"
-    return ["bash", str(script), "start-foreground"], {**env, **flink_env(config)}
+    return ["bash", str(script), "start-foreground"], {**env, **daemon_env(config)}
 
 
 def add_container_commands(subparsers: Any) -> None:
