@@ -308,8 +308,9 @@ def prometheus_settings(config: FlinkClusterConfig) -> dict[str, str]:
 def write_flink_conf_dir(config: FlinkClusterConfig) -> Path:
     """Write ``config.conf_dir``: PyFlink's ``conf/`` files plus our ``config.yaml``.
 
-    Also creates the log and pid folders and the daemons' ``lib/`` (:func:`write_flink_lib_dir`). Used by the local cluster and by the
-    container entrypoint (``docker/entrypoint.sh``), so both run the same config.
+    Also creates the log and pid folders and the daemons' ``lib/`` (:func:`write_flink_lib_dir`).
+    Used by the local cluster and by the container entrypoint (``docker/entrypoint.sh``), so both
+    run the same config.
 
     Returns:
         The conf folder (``FLINK_CONF_DIR``).
@@ -360,7 +361,8 @@ def write_flink_lib_dir(config: FlinkClusterConfig) -> Path:
     python_jars = sorted((home / "opt").glob("flink-python-*.jar"))
     if len(python_jars) != 1:
         raise EnvironmentSetupError(
-            f"{home}/opt holds {len(python_jars)} flink-python jars (need exactly one): reinstall apache-flink"
+            f"{home}/opt holds {len(python_jars)} flink-python jars (need exactly one): "
+            "reinstall apache-flink"
         )
     lib = config.lib_dir
     shutil.rmtree(lib, ignore_errors=True)
