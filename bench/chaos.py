@@ -21,7 +21,12 @@ Targets: 0 lost, 0 duplicates, 0 orphans, p99 recovery ≤ 15 s.
 
 Run (about 30 s per failure on 2 cores)::
 
-    .venv/bin/python bench/chaos.py [--kills 20] [--broker-restarts 3] [--records 3000] [--out-dir bench]
+    .venv/bin/python bench/chaos.py [--kills 20] [--broker-restarts 3] [--records 3000] [--taskmanagers 2]
+        [--baseline bench/chaos_results.json --baseline-label "1 TaskManager"] [--out-dir bench]
+
+With ``--taskmanagers 2`` a second TaskManager stands by: a killed TaskManager's
+job restarts on the standby's free slots while the killed one is restarted
+(the JVM start leaves the recovery's critical path).
 
 It writes ``## Failures (chaos)`` into ``<out-dir>/REPORT.md`` (other sections
 kept), ``chaos_recovery.png`` and the raw numbers ``chaos_results.json``.
@@ -66,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--records", type=int, default=3000, help="real reviews scored during the run")
     p.add_argument("--checkpoint-interval-ms", type=int, default=1000, help="the job's checkpoint interval")
     p.add_argument("--pause-s", type=float, default=3.0, help="scoring time between a chunk and the failure")
+    p.add_argument("--taskmanagers", type=int, default=1,
+                   help="TaskManagers of the stack; above 1 the others stand by (only the job's is killed)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "bench", help="where the report goes")
     p.add_argument("--baseline", type=Path, default=None,
                    help="an earlier chaos_results.json to show beside this run (e.g. other cluster settings)")
@@ -73,13 +80,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _free_config(state_dir: Path) -> LocalStackConfig:
+def _free_config(state_dir: Path, taskmanagers: int = 1) -> LocalStackConfig:
     ports: set[int] = set()
     while len(ports) < 4:
         ports.add(find_free_port())
     kafka, controller, rest, rpc = sorted(ports)
     return LocalStackConfig(state_dir=state_dir, kafka_port=kafka, kafka_controller_port=controller,
-                            flink_rest_port=rest, flink_rpc_port=rpc)
+                            flink_rest_port=rest, flink_rpc_port=rpc, flink_taskmanagers=taskmanagers)
 
 
 def _progress(i: int, event: FailureEvent) -> None:
@@ -96,14 +103,16 @@ def _percentiles(values: list[float]) -> dict[str, float]:
             "max": float(arr.max()), "mean": float(arr.mean())}
 
 
-def summarize(result: FailureResult, orphans_after_down: int, plan: FailurePlan) -> dict[str, Any]:
+def summarize(result: FailureResult, orphans_after_down: int, plan: FailurePlan,
+              taskmanagers: int = 1) -> dict[str, Any]:
     """Every number of the run as JSON-able data."""
     kills = [e.recovery_s for e in result.events if e.kind != "broker" and e.recovery_s is not None]
     broker = [e.recovery_s for e in result.events if e.kind == "broker" and e.recovery_s is not None]
     return {
         "plan": {"records": plan.records, "kills": plan.taskmanager_kills,
                  "broker_restarts": plan.broker_restarts,
-                 "checkpoint_interval_ms": plan.checkpoint_interval_ms, "pause_s": plan.pause_s},
+                 "checkpoint_interval_ms": plan.checkpoint_interval_ms, "pause_s": plan.pause_s,
+                 "taskmanagers": taskmanagers},
         "inputs": len(result.input_ids), "distinct_outputs": len(result.output_counts),
         "lost": len(result.lost), "duplicates": result.duplicates, "dlq": result.dlq_count,
         "unrecovered": sum(e.recovery_s is None for e in result.events),
@@ -158,7 +167,9 @@ def _baseline_rows(baseline: dict[str, Any] | None, label: str) -> list[str]:
     if baseline is None:
         return []
     plan = baseline["plan"]
-    return [_row(f"TaskManager kill, {label} ({plan['kills']} kills)", baseline["taskmanager_recovery_s"]),
+    tms = plan.get("taskmanagers", 1)
+    return [_row(f"TaskManager kill, {label} ({plan['kills']} kills, {tms} TaskManager(s))",
+                 baseline["taskmanager_recovery_s"]),
             _row(f"broker restart, {label}", baseline["broker_recovery_s"])]
 
 
@@ -168,11 +179,15 @@ def section(summary: dict[str, Any], machine_line: str, baseline: dict[str, Any]
     tm = summary["taskmanager_recovery_s"]
     verdict = "met" if tm and tm["p99"] <= TARGET_P99_S else "missed"
     plan = summary["plan"]
+    tms = plan.get("taskmanagers", 1)
+    standby = f" with {tms} TaskManagers (the job on one, the others standing by; only the job's is killed)" \
+        if tms > 1 else ""
     return "\n".join([
         SECTION, "",
         f"`bench/chaos.py --kills {plan['kills']} --broker-restarts {plan['broker_restarts']} --records "
-        f"{plan['records']}`: `jobs/review_sentiment.py` via `flink run`, STREAMING, exactly-once, "
-        f"checkpoint every {plan['checkpoint_interval_ms']} ms, on the local standalone cluster; "
+        f"{plan['records']} --taskmanagers {tms}`: `jobs/review_sentiment.py` via `flink run`, STREAMING, "
+        f"exactly-once, checkpoint every {plan['checkpoint_interval_ms']} ms, on the local standalone cluster"
+        f"{standby}; "
         f"{machine_line}. Wall time {summary['wall_s']:.0f} s.", "",
         "| outcome | value | target |", "|---|---|---|",
         f"| inputs / distinct outputs | {summary['inputs']} / {summary['distinct_outputs']} | equal |",
@@ -205,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     machine_line = machine()
     assets = ensure_model_assets()
     with tempfile.TemporaryDirectory(prefix="aisp-chaos-") as tmp:
-        stack = LocalStack(_free_config(Path(tmp) / "stack"))
+        stack = LocalStack(_free_config(Path(tmp) / "stack", args.taskmanagers))
         print(f"[{time.strftime('%X')}] starting the stack in {tmp}", flush=True)
         stack.up()
         try:
@@ -214,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stack.down()
         orphans_after_down = len(stack.python_workers())
-    summary = summarize(result, orphans_after_down, plan)
+    summary = summarize(result, orphans_after_down, plan, args.taskmanagers)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "chaos_results.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(summary, args.out_dir / PNG)

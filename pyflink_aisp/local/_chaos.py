@@ -70,12 +70,19 @@ def job_progress(rest_url: str, job_id: str, timeout_s: float = 2.0) -> JobProgr
     )
 
 
-def kill_taskmanager(stack: LocalStack, *, with_workers: bool = True) -> list[int]:
+def kill_taskmanager(stack: LocalStack, *, with_workers: bool = True, busy_only: bool = False) -> list[int]:
     """SIGKILL the stack's TaskManager(s), and with ``with_workers`` their Python workers too.
 
     Without ``with_workers`` the workers are left running as orphans (what a
     crashed TaskManager leaves); :meth:`LocalStack.restart_taskmanager` and
     ``down`` reap them.
+
+    Args:
+        stack: The local stack.
+        with_workers: Also SIGKILL the killed TaskManagers' Python workers.
+        busy_only: Kill only the TaskManagers that run Python workers (a job's
+            subtasks), so idle (standby) TaskManagers survive; all of them when
+            none runs a worker.
 
     Returns:
         The pids killed (TaskManagers first).
@@ -87,8 +94,13 @@ def kill_taskmanager(stack: LocalStack, *, with_workers: bool = True) -> list[in
     managers = [psutil.Process(pid) for pid in cluster.taskmanager_pids()]
     if not managers:
         raise ServiceError(f"no TaskManager runs from {stack.state_dir}: nothing to kill")
-    workers = set(stack.python_workers()) if with_workers else set()
-    victims = managers + [psutil.Process(pid) for pid in sorted(workers)]
+    owner = {pid: _ancestor(pid, {m.pid for m in managers}) for pid in stack.python_workers()}
+    busy = {tm for tm in owner.values() if tm is not None}
+    if busy_only and busy:
+        managers = [m for m in managers if m.pid in busy]
+    chosen = {m.pid for m in managers}
+    workers = sorted(pid for pid, tm in owner.items() if tm in chosen) if with_workers else []
+    victims = managers + [psutil.Process(pid) for pid in workers if psutil.pid_exists(pid)]
     killed = []
     for proc in victims:
         try:
@@ -98,6 +110,14 @@ def kill_taskmanager(stack: LocalStack, *, with_workers: bool = True) -> list[in
             continue
     psutil.wait_procs(managers, timeout=10.0)
     return killed
+
+
+def _ancestor(pid: int, candidates: set[int]) -> int | None:
+    """The first of ``candidates`` among the ancestors of ``pid`` (None: none, or ``pid`` is gone)."""
+    try:
+        return next((p.pid for p in psutil.Process(pid).parents() if p.pid in candidates), None)
+    except psutil.NoSuchProcess:
+        return None
 
 
 def wait_recovered(

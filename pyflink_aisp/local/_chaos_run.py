@@ -136,7 +136,7 @@ def _fail(stack: LocalStack, kind: str, rest: str, job_id: str, timeout_s: float
     if kind == "broker":
         stack.restart_broker()
     else:
-        killed = kill_taskmanager(stack, with_workers=kind == "tm+workers")
+        killed = kill_taskmanager(stack, with_workers=kind == "tm+workers", busy_only=True)
         orphans_before = len(stack.orphaned_workers())
         stack.restart_taskmanager()
     orphans_after = len(stack.orphaned_workers())

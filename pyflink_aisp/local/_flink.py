@@ -40,6 +40,7 @@ from pyflink_aisp.local._procs import (
     tail_text,
     terminate,
     wait_until,
+    write_pid_file,
 )
 
 __all__ = ["FlinkCluster", "flink_overview"]
@@ -144,8 +145,8 @@ class FlinkCluster:
     def start(self) -> list[int]:
         """Start the cluster unless it already runs; wait for a registered TaskManager.
 
-        When only the TaskManager died and the JobManager still answers, just a
-        new TaskManager is started (``bin/taskmanager.sh start``), so the
+        When only TaskManagers died and the JobManager still answers, just the
+        missing TaskManagers are started (``bin/taskmanager.sh start``), so the
         JobManager keeps its jobs. Any other half-running cluster (or one running
         without its pid files) is stopped and started afresh.
 
@@ -163,9 +164,9 @@ class FlinkCluster:
         if jm and len(tm) >= self.config.taskmanagers and not self._orphaned(daemons):
             self._wait_ready(jm + tm)
             return jm + tm
-        if (jm and not tm and self.config.taskmanagers == 1 and not self._orphaned(daemons)
-                and self._jobmanager_answers(jm[0])):
-            return self._start_taskmanager(jm[0])
+        if jm and len(tm) < self.config.taskmanagers and not self._orphaned(daemons) and (
+                self._jobmanager_answers(jm[0])):
+            return self._start_taskmanagers(jm[0], tm)
         if jm or tm:
             _log.warning("Flink cluster only partly running or without pid files (pids %s); "
                          "restarting", jm + tm)  # fmt: skip
@@ -198,18 +199,25 @@ class FlinkCluster:
         wait_until(lambda: not is_alive(pid) or self.overview(1.0) is not None, timeout_s, 0.5)
         return is_alive(pid) and self.overview(1.0) is not None
 
-    def _start_taskmanager(self, jm_pid: int) -> list[int]:
-        """Start one TaskManager for the running JobManager; wait until it registers."""
-        _log.warning("Flink TaskManager is gone, JobManager pid %d still runs: starting a new "
-                     "TaskManager", jm_pid)  # fmt: skip
+    def _start_taskmanagers(self, jm_pid: int, alive: list[int]) -> list[int]:
+        """Start the TaskManagers missing beside the running JobManager and the live ones
+        (``alive``); wait until as many new ones registered."""
+        missing = self.config.taskmanagers - len(alive)
+        _log.warning("%d of %d Flink TaskManager(s) gone, JobManager pid %d still runs: starting "
+                     "%d", missing, self.config.taskmanagers, jm_pid, missing)  # fmt: skip
         before = self._taskmanager_ids()
-        remove_pid_file(self.pid_files()[1])
+        pid_file = self.pid_files()[1]
+        if alive:
+            write_pid_file(pid_file, alive)  # taskmanager.sh appends the new pid to the live ones
+        else:
+            remove_pid_file(pid_file)
         if not (self.config.conf_dir / "config.yaml").is_file():
             self._write_conf()  # keep the config the JobManager started with, unless it is gone
         for folder in (self.config.log_dir, self.config.pid_dir):
             folder.mkdir(parents=True, exist_ok=True)
-        self._run_script("taskmanager.sh", "start")
-        return self._wait_daemons_up(lambda: bool(self._taskmanager_ids() - before))
+        for _ in range(missing):
+            self._run_script("taskmanager.sh", "start")
+        return self._wait_daemons_up(lambda: len(self._taskmanager_ids() - before) >= missing)
 
     def _taskmanager_ids(self) -> set[str]:
         """Resource ids of the TaskManagers the JobManager lists (a dead one stays

@@ -4,17 +4,22 @@ TaskManager (with and without its Python worker) and a broker restart: exactly o
 Recovery times are measured and reported by bench/chaos.py, not asserted here.
 """
 
+import json
 import re
 import subprocess
 import time
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 import pytest
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.kafka import create_topics, ingest_records
+from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
 from pyflink_aisp.local import FailurePlan, LocalStack, kill_taskmanager, run_chaos, wait_recovered
+from pyflink_aisp.local._flink import FlinkCluster
+from pyflink_aisp.local._procs import read_pid_file
 
 pytestmark = pytest.mark.e2e
 
@@ -101,3 +106,56 @@ def test_down_reaps_the_workers_a_killed_taskmanager_left(stack, model_assets, t
     finally:
         stack.up()
     assert stack.status().flink.ready
+
+
+@pytest.fixture(scope="module")
+def standby_stack(tmp_path_factory, stack_config):
+    """Two TaskManagers: the job runs on one, the other stands by."""
+    stack = LocalStack(replace(stack_config(tmp_path_factory.mktemp("standby-stack")), flink_taskmanagers=2))
+    stack.up()
+    yield stack
+    stack.down()
+
+
+def test_a_kill_of_the_busy_taskmanager_restarts_the_job_on_the_standby(standby_stack, model_assets):
+    """kill_taskmanager(busy_only=True) kills only the TaskManager running the job; the job resumes
+    on the standby (exactly once), and restart_taskmanager brings the count back to two."""
+    stack = standby_stack
+    bootstrap, rest = str(stack.status().bootstrap_servers), str(stack.status().rest_url)
+    t_in, t_out = "standby-reviews", "standby-scores"
+    create_topics(bootstrap, [t_in, t_out])
+    records = [{"id": r.id, "text": r.text} for r in load_rotten_tomatoes()[:300]]
+    assert ingest_records(bootstrap, t_in, records[:150], progress=False).delivered == 150
+    cmd = stack.flink_run_command(str(JOB), "--bootstrap-servers", bootstrap, "--input-topic", t_in,
+                                  "--output-topic", t_out, "--model-dir", str(model_assets.directory),
+                                  "--checkpoint-interval-ms", "1000", "--job-name", "standby",
+                                  "--restart-delay-s", "1")
+    cmd.insert(cmd.index("run") + 1, "-d")
+    submitted = time.time()
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job_id = re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
+    try:
+        assert wait_recovered(rest, job_id, int(submitted * 1000), 180) is not None
+        cluster = FlinkCluster(stack.flink_config())
+        managers = cluster.taskmanager_pids()
+        assert len(managers) == 2
+        busy = {p.pid for w in stack.python_workers() for p in psutil.Process(w).parents()} & set(managers)
+        assert len(busy) == 1  # one subtask, one Python worker, on one TaskManager
+
+        killed_at = time.time()
+        killed = kill_taskmanager(stack, with_workers=True, busy_only=True)
+        assert killed[0] in busy and not set(killed) & (set(managers) - busy)
+        assert set(cluster.taskmanager_pids()) == set(managers) - busy  # the standby lives
+        assert ingest_records(bootstrap, t_in, records[150:], progress=False).delivered == 150
+        assert wait_recovered(rest, job_id, int(killed_at * 1000), 180) is not None  # on the standby
+        stack.restart_taskmanager()
+        after = cluster.taskmanager_pids()
+        assert len(after) == 2 and set(managers) - busy <= set(after)
+        assert sorted(read_pid_file(cluster.pid_files()[1])) == sorted(after)  # `down` stops both
+        out = read_topic(bootstrap, t_out, min_count=300, timeout_s=180, quiet_s=3)
+    finally:
+        subprocess.run([stack.flink_run_command("x")[0], "cancel", job_id], env=stack.flink_env(),
+                       capture_output=True, timeout=120)
+    ids = Counter(json.loads(m.value())["id"] for m in out)
+    assert set(ids) == {r["id"] for r in records} and max(ids.values()) == 1

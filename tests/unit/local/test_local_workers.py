@@ -8,6 +8,7 @@ module in the command line, the cluster's FLINK_CONF_DIR in the environment).
 import os
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -69,3 +70,24 @@ def test_reap_skips_a_process_that_is_gone(tmp_path, spawned):
     spawned[0].kill()
     spawned[0].wait()
     assert reap_processes([proc], grace_s=0.5) == []
+
+
+def test_a_workers_taskmanager_is_its_nearest_listed_ancestor(tmp_path, spawned):
+    """kill_taskmanager(busy_only=True) kills the TaskManager a worker descends from (here: this
+    process plays the TaskManager, the worker its grandchild through a shell as PyFlink's runner)."""
+    from pyflink_aisp.local._chaos import _ancestor
+
+    shell = subprocess.Popen(["bash", "-c", f"{sys.executable} -c 'import time; time.sleep(120)'; :"])
+    spawned.append(shell)
+    for _ in range(200):
+        children = psutil.Process(shell.pid).children()
+        if children:
+            break
+        time.sleep(0.02)
+    worker = children[0].pid
+    assert _ancestor(worker, {os.getpid(), 1}) == os.getpid()  # the nearest listed one
+    assert _ancestor(worker, {shell.pid, os.getpid()}) == shell.pid
+    assert _ancestor(worker, {worker + 10_000_000}) is None
+    children[0].kill()
+    children[0].wait(5)
+    assert _ancestor(worker, {os.getpid()}) is None  # gone
