@@ -54,7 +54,6 @@ from pyflink_aisp.local import (
     LocalStackConfig,
     run_chaos,
 )
-from pyflink_aisp.local._procs import find_free_port
 from pyflink_aisp.models import ensure_model_assets
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,15 +77,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="an earlier chaos_results.json to show beside this run (e.g. other cluster settings)")
     p.add_argument("--baseline-label", default="baseline", help="what the baseline run differed in")
     return p.parse_args(argv)
-
-
-def _free_config(state_dir: Path, taskmanagers: int = 1) -> LocalStackConfig:
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(find_free_port())
-    kafka, controller, rest, rpc = sorted(ports)
-    return LocalStackConfig(state_dir=state_dir, kafka_port=kafka, kafka_controller_port=controller,
-                            flink_rest_port=rest, flink_rpc_port=rpc, flink_taskmanagers=taskmanagers)
 
 
 def _progress(i: int, event: FailureEvent) -> None:
@@ -220,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     machine_line = machine()
     assets = ensure_model_assets()
     with tempfile.TemporaryDirectory(prefix="aisp-chaos-") as tmp:
-        stack = LocalStack(_free_config(Path(tmp) / "stack", args.taskmanagers))
+        config = LocalStackConfig.on_free_ports(Path(tmp) / "stack", flink_taskmanagers=args.taskmanagers)
+        stack = LocalStack(config)
         print(f"[{time.strftime('%X')}] starting the stack in {tmp}", flush=True)
         stack.up()
         try:

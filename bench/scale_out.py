@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +34,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def _rest(stack: Any, path: str) -> dict[str, Any]:
     with urllib.request.urlopen(stack.flink_config().rest_url + path, timeout=10) as resp:
         return json.loads(resp.read())
-
-
-def _free_config(state_dir: Path) -> Any:
-    from pyflink_aisp.local import LocalStackConfig, find_free_port
-
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(find_free_port())
-    kafka, controller, rest, rpc = sorted(ports)
-    return LocalStackConfig(state_dir=state_dir, kafka_port=kafka, kafka_controller_port=controller,
-                            flink_rest_port=rest, flink_rpc_port=rpc)
 
 
 def _run(stack: Any, parallelism: int, t_in: str, count: int) -> dict[str, Any]:
@@ -106,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     from pyflink_aisp.alignment import compare_outputs
     from pyflink_aisp.datasets import load_rotten_tomatoes
     from pyflink_aisp.kafka import create_topics, ingest_records
-    from pyflink_aisp.local import LocalStack
+    from pyflink_aisp.local import LocalStack, LocalStackConfig
 
     reviews = load_rotten_tomatoes()[: args.reviews]
     with tempfile.TemporaryDirectory(prefix="aisp-scale-") as tmp:
-        stack = LocalStack(replace(_free_config(Path(tmp)), flink_taskmanagers=2))
+        stack = LocalStack(LocalStackConfig.on_free_ports(Path(tmp), flink_taskmanagers=2))
         stack.up()
         try:
             bootstrap = str(stack.status().bootstrap_servers)

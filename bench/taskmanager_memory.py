@@ -43,7 +43,6 @@ import pyflink_aisp.local._flink_config as flink_config
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.kafka import create_topics, ingest_records
 from pyflink_aisp.local import LocalStack, LocalStackConfig
-from pyflink_aisp.local._procs import find_free_port
 from pyflink_aisp.models import ensure_model_assets
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,15 +57,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=8, help="PyFlink jobs run one after another per variant")
     p.add_argument("--out-dir", type=Path, default=ROOT / "bench", help="where the report goes")
     return p.parse_args(argv)
-
-
-def _free_config(state_dir: Path) -> LocalStackConfig:
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(find_free_port())
-    kafka, controller, rest, rpc = sorted(ports)
-    return LocalStackConfig(state_dir=state_dir, kafka_port=kafka, kafka_controller_port=controller,
-                            flink_rest_port=rest, flink_rpc_port=rpc)
 
 
 def taskmanager_memory(rest_url: str) -> dict[str, float]:
@@ -86,7 +76,7 @@ def run_variant(variant: str, jobs: int, model_dir: Path) -> list[dict[str, floa
         flink_config.write_flink_lib_dir = lambda config: config.lib_dir
     try:
         with tempfile.TemporaryDirectory(prefix="aisp-tm-memory-") as tmp:
-            stack = LocalStack(_free_config(Path(tmp) / "stack"))
+            stack = LocalStack(LocalStackConfig.on_free_ports(Path(tmp) / "stack"))
             stack.up()
             try:
                 status = stack.status()

@@ -45,14 +45,9 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def free_stack_config(state_dir: Path, *, with_flink: bool = True):
     """A LocalStackConfig in ``state_dir`` on four distinct free loopback ports."""
-    from pyflink_aisp.local import LocalStackConfig, find_free_port
+    from pyflink_aisp.local import LocalStackConfig
 
-    ports: set[int] = set()
-    while len(ports) < 4:
-        ports.add(find_free_port())
-    kafka, controller, rest, rpc = sorted(ports)
-    return LocalStackConfig(state_dir=state_dir, kafka_port=kafka, kafka_controller_port=controller,
-                            flink_rest_port=rest, flink_rpc_port=rpc, with_flink=with_flink)
+    return LocalStackConfig.on_free_ports(state_dir, with_flink=with_flink)
 
 
 @pytest.fixture(scope="session")

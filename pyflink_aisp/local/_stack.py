@@ -22,6 +22,7 @@ from pyflink_aisp.local._flink import FlinkCluster
 from pyflink_aisp.local._flink_config import FlinkClusterConfig
 from pyflink_aisp.local._jars import flink_connector_jars
 from pyflink_aisp.local._kafka import KafkaBroker, KafkaBrokerConfig
+from pyflink_aisp.local._procs import find_free_port
 from pyflink_aisp.local._workers import orphaned_workers, python_workers, reap_processes
 
 __all__ = [
@@ -89,6 +90,24 @@ class LocalStackConfig:
     prometheus_port: int | None = None
     flink_taskmanagers: int = 1
     flink_isolated_python: bool = False
+
+    @classmethod
+    def on_free_ports(cls, state_dir: Path, **settings: Any) -> LocalStackConfig:
+        """A config in ``state_dir`` whose four ports are distinct free loopback ports now
+        (tests, benchmarks, a second stack beside the default one).
+
+        Args:
+            state_dir: The stack's state folder.
+            settings: Other fields (e.g. ``flink_taskmanagers=2``).
+
+        Raises:
+            ConfigError: As the constructor.
+        """
+        ports: set[int] = set()
+        while len(ports) < len(_PORT_FIELDS):
+            ports.add(find_free_port())
+        chosen: dict[str, Any] = dict(zip(_PORT_FIELDS, sorted(ports), strict=True))
+        return cls(state_dir=state_dir, **chosen, **settings)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state_dir", Path(self.state_dir).expanduser().absolute())

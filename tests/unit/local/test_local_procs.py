@@ -189,3 +189,12 @@ def test_find_pids_by_adjacent_arguments(tmp_path):
             p.wait()
     assert find_pids(lambda args: args_adjacent(args, "kafka.Kafka", marker)) == []
     assert command_line(proc.pid) is None
+
+
+def test_a_stack_config_on_free_ports_takes_four_distinct_free_ones(tmp_path):
+    from pyflink_aisp.local import LocalStackConfig
+
+    config = LocalStackConfig.on_free_ports(tmp_path, flink_taskmanagers=2)
+    ports = [config.kafka_port, config.kafka_controller_port, config.flink_rest_port, config.flink_rpc_port]
+    assert len(set(ports)) == 4 and all(port_is_free(p) for p in ports)
+    assert config.flink_taskmanagers == 2 and config.state_dir == tmp_path
