@@ -170,7 +170,7 @@ def section(summary: dict[str, Any], machine_line: str, baseline: dict[str, Any]
     verdict = "met" if tm and tm["p99"] <= TARGET_P99_S else "missed"
     plan = summary["plan"]
     tms = plan.get("taskmanagers", 1)
-    standby = f" with {tms} TaskManagers (the job on one, the others standing by; only the job's is killed)" \
+    standby = f" with {tms} TaskManagers (the job on one, the rest on standby; only the job's is killed)" \
         if tms > 1 else ""
     return "\n".join([
         SECTION, "",

@@ -86,7 +86,7 @@ def add_local_commands(subparsers: Any) -> argparse.ArgumentParser:
         "up": "start the broker (and Flink) unless running; wait until they answer",
         "down": "stop what `up` started in the state folder",
         "status": "show what runs",
-        "restart-taskmanager": "start a TaskManager for the running JobManager when it is gone "
+        "restart-taskmanager": "start the TaskManagers that are gone beside the running JobManager "
         "(after reaping the Python workers dead TaskManagers left)",
     }
     for name, text in helps.items():

@@ -310,12 +310,13 @@ class LocalStack:
             return self._status({})
 
     def restart_taskmanager(self) -> StackStatus:
-        """Start a TaskManager for the running JobManager when the TaskManager is gone.
+        """Start the TaskManagers that are gone (of ``flink_taskmanagers``) for the running JobManager.
 
         Reaps the Python workers that dead TaskManagers left behind first, then
-        starts a TaskManager (``bin/taskmanager.sh start``) and waits until it
-        registers; the JobManager and its jobs stay (a job restarts on the new
-        slots by its restart strategy). A no-op when the TaskManager runs.
+        starts the missing TaskManagers (``bin/taskmanager.sh start``; the live ones
+        keep running) and waits until they register; the JobManager and its jobs
+        stay (a job restarts on free slots by its restart strategy: a standby
+        TaskManager's at once). A no-op when all TaskManagers run.
 
         Returns:
             The status afterwards.
