@@ -348,8 +348,9 @@ def write_flink_lib_dir(config: FlinkClusterConfig) -> Path:
     apache/beam#25510): measured here on one TaskManager, each finished PyFlink job kept
     42 MiB of metaspace and 8 MiB of direct memory; a full test run's jobs exhausted the
     direct memory (``OutOfMemoryError: Cannot reserve ... bytes of direct buffer memory``),
-    the Python workers could no longer start and jobs failed. With the jar here: 12 MiB of
-    metaspace and 0.3 MiB of direct memory per job.
+    the Python workers could no longer start and jobs failed. With the jar here: 11.8 MiB of
+    metaspace (still kept after a full GC) and no direct memory per job
+    (``bench/taskmanager_memory.py``).
 
     Returns:
         The folder (recreated on every call).
