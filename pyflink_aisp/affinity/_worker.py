@@ -266,7 +266,9 @@ def apply_lease(lease: Lease) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = wanted
         _APPLIED[lease.id] = lease
         pinned = set().union(*(set(a.cpus) for a in _APPLIED.values())) & _allowed_cpus()
-    _pin_threads(pinned)
+        # under the lock: two subtasks' pins must land in the order of their states (a late
+        # pin to an older union left a loopback client process on one CPU after both closed)
+        _pin_threads(pinned)
 
 
 def unapply_lease(lease_id: str) -> None:
@@ -285,7 +287,7 @@ def unapply_lease(lease_id: str) -> None:
                 os.environ.pop("CUDA_VISIBLE_DEVICES", None)
             else:
                 os.environ["CUDA_VISIBLE_DEVICES"] = _BEFORE["cuda"]
-    _pin_threads(pinned)
+        _pin_threads(pinned)  # under the lock, see apply_lease
 
 
 def local_lease(settings: AffinitySettings, operator: str, subtask: int, topology: Topology) -> Lease:

@@ -231,7 +231,8 @@ class FlinkCluster:
     def _wait_daemons_up(self, ready: Callable[[], bool] | None = None) -> list[int]:
         # a just-forked daemon may not have exec'ed java yet: poll its command line briefly
         expected = 1 + self.config.taskmanagers
-        wait_until(lambda: len(self.pids()) >= expected, 10.0, 0.1)
+        # 30 s: a CI run saw the second of two TaskManagers missing after 10 s on a loaded host
+        wait_until(lambda: len(self.pids()) >= expected, 30.0, 0.1)
         running = self.pids()
         if len(running) < expected:
             raise ServiceError(f"Flink daemons did not stay up (pids {running})\n{self._log_tail()}")

@@ -32,7 +32,11 @@ def stack(tmp_path_factory, stack_config):
     """A stack of its own: these tests kill its TaskManager and restart its broker and the whole
     stack, which must not leave the other e2e tests' shared stack in that state."""
     stack = LocalStack(stack_config(tmp_path_factory.mktemp("chaos-stack")))
-    stack.up()
+    try:
+        stack.up()
+    except Exception:
+        stack.down()  # what started must not run on beside the other tests
+        raise
     yield stack
     stack.down()
 
@@ -112,7 +116,11 @@ def test_down_reaps_the_workers_a_killed_taskmanager_left(stack, model_assets, t
 def standby_stack(tmp_path_factory, stack_config):
     """Two TaskManagers: the job runs on one, the other stands by."""
     stack = LocalStack(replace(stack_config(tmp_path_factory.mktemp("standby-stack")), flink_taskmanagers=2))
-    stack.up()
+    try:
+        stack.up()
+    except Exception:
+        stack.down()  # what started must not run on beside the other tests
+        raise
     yield stack
     stack.down()
 
