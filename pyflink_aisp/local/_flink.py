@@ -229,12 +229,15 @@ class FlinkCluster:
         return {str(tm.get("id")) for tm in managers if isinstance(tm, dict)}
 
     def _wait_daemons_up(self, ready: Callable[[], bool] | None = None) -> list[int]:
-        # a just-forked daemon may not have exec'ed java yet: poll its command line briefly
+        # a just-forked daemon may not have exec'ed java yet: poll its command line (30 s)
         expected = 1 + self.config.taskmanagers
-        # 30 s: a CI run saw the second of two TaskManagers missing after 10 s on a loaded host
-        wait_until(lambda: len(self.pids()) >= expected, 30.0, 0.1)
-        running = self.pids()
-        if len(running) < expected:
+        running: list[int] = []
+
+        def all_up() -> bool:  # one sample decides: a second read may catch a pid inside execve()
+            running[:] = self.pids()
+            return len(running) >= expected
+
+        if not wait_until(all_up, 30.0, 0.1):
             raise ServiceError(f"Flink daemons did not stay up (pids {running})\n{self._log_tail()}")
         self._wait_ready(running, ready)
         return running

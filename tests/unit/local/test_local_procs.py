@@ -74,6 +74,21 @@ def test_pid_matches_checks_command_line(tmp_path):
     assert not pid_matches(proc.pid, marker)
 
 
+
+def test_pid_matches_a_process_inside_execve(tmp_path):
+    """A bash that execs its command reads an empty command line for a moment in between
+    (the CI failure: a just-started TaskManager counted as gone); it still matches."""
+    marker = str(tmp_path / "conf")
+    command = f"exec {sys.executable} -c 'import time; time.sleep(30)' {marker}"
+    for _ in range(10):
+        proc = subprocess.Popen(["bash", "-c", command])
+        try:
+            reads = [pid_matches(proc.pid, marker) for _ in range(2000)]  # before, during and after exec
+            assert all(reads), f"{reads.count(False)} of {len(reads)} reads missed it"
+        finally:
+            proc.kill()
+            proc.wait()
+
 def test_terminate_graceful():
     proc = _sleeper()
     assert terminate([proc.pid], timeout_s=10) == []
