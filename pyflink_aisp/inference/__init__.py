@@ -5,7 +5,7 @@ can use the handlers and the runtime); the Flink operators and SQL functions
 that use it live in :mod:`pyflink_aisp.pipeline`.
 
 Public API: :class:`ModelHandler` (with the batch-path :class:`Prepared`); batching: :class:`BatchingConfig`,
-:class:`BatchQueue`, :class:`MicroBatcher`, :class:`BatchStats`,
+:class:`BatchCuts`, :class:`BatchQueue`, :class:`MicroBatcher`, :class:`BatchStats`,
 :class:`BatchReport`, :func:`is_out_of_memory`; the SLO controller:
 :class:`SloController`, :class:`Knobs`, :class:`ParetoPoint`; the per-worker
 runtime: :class:`ModelRuntime`, :class:`Inferred`; hot swap:
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from pyflink_aisp.inference._batcher import BatchReport, BatchStats, MicroBatcher, is_out_of_memory
 from pyflink_aisp.inference._breaker import BreakerConfig, FailureRateBreaker
+from pyflink_aisp.inference._cost import BatchCuts
 from pyflink_aisp.inference._encoder import OnnxEncoderHandler, OnnxEncoderModel
 from pyflink_aisp.inference._encoder_common import Pooling, TokenField
 from pyflink_aisp.inference._handler import ModelHandler, Prepared
@@ -49,6 +50,7 @@ from pyflink_aisp.inference._torch_encoder import TorchEncoderHandler, TorchEnco
 
 __all__ = [
     "SWAP_PROBE_TEXTS",
+    "BatchCuts",
     "BatchQueue",
     "BatchReport",
     "BatchStats",

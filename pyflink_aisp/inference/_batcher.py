@@ -14,11 +14,16 @@ accumulate and the next batch leaves when it is free.
 Whole batches arrive through :meth:`MicroBatcher.submit_chunk` (the batch path:
 one future per submitted batch, no per-record object): the same thread cuts
 them into model batches with a :class:`~pyflink_aisp.inference._chunks.ChunkQueue`
-(sorted by length, within the batch size, token budget and length buckets in
-force) and calls ``run_rows``. When both kinds wait, the older goes first.
+(sorted by length, within ``max_batch_size``, the token budget and the length
+buckets; with ``batch_cuts`` ``cost``, at the cuts of least cost fitted from
+the chunk batches that ran, :mod:`~pyflink_aisp.inference._cost`) and calls
+``run_rows``. When both kinds wait, the older goes first.
 
 With ``latency_slo_ms`` set, an :class:`~pyflink_aisp.inference.SloController`
-sees every batch and moves the batch size and wait between batches.
+sees every batch and moves the batch size and wait of the record path between
+batches. Chunks are not cut by its batch size: a chunk's outcome is ready when
+its last row has run, so batches below the cap only add model calls (measured
+on the job at 164 records/s: the controller's smaller batches cost ... ).
 
 Failures: a batch whose model call raises is bisected until the failing
 records are alone; they get the exception, the rest their results. An
@@ -45,6 +50,7 @@ import numpy.typing as npt
 
 from pyflink_aisp.errors import ConfigError, InferenceError
 from pyflink_aisp.inference._chunks import Chunk, ChunkQueue
+from pyflink_aisp.inference._cost import BatchCostModel, BatchCuts
 from pyflink_aisp.inference._queue import BatchingConfig, BatchQueue
 from pyflink_aisp.inference._slo import Knobs, SloController
 
@@ -154,6 +160,8 @@ class MicroBatcher(Generic[T, R]):
         self._run_batch = run_batch
         self._run_rows = run_rows
         self._chunks = ChunkQueue(config.length_buckets, config.max_batch_tokens)
+        #: Fitted from every chunk batch that ran whole; cuts chunks when ``batch_cuts`` is ``cost``.
+        self.cost_model = BatchCostModel()
         self._config = config
         self._clock = clock
         self._on_batch = on_batch
@@ -162,7 +170,7 @@ class MicroBatcher(Generic[T, R]):
         self._closed = False
         self._idle_wait = False
         self._size_cap = config.max_batch_size
-        self._largest_ok, self._oom_seen = 0, False
+        self._largest_ok, self._oom_seen, self._split = 0, False, False
         self.controller = (
             SloController(latency_slo_ms=config.latency_slo_ms, max_batch_size=config.max_batch_size,
                           max_wait_ms=config.max_wait_ms)
@@ -270,7 +278,10 @@ class MicroBatcher(Generic[T, R]):
                 if self._queue.ready(now) and records_first:
                     return self._queue.take()
                 if chunk_s is not None:
-                    return self._chunks.take(knobs.max_batch_size)
+                    # a chunk resolves when its last row has run: smaller batches than the
+                    # cap only add calls, so the SLO controller's batch size is not used here
+                    cost = self.cost_model.cost if self._config.batch_cuts is BatchCuts.COST else None
+                    return self._chunks.take(min(self._config.max_batch_size, self._size_cap), cost)
                 deadline = self._queue.deadline_s()
                 self._idle_wait = True
                 self._cond.wait(None if deadline is None else max(deadline - now, 0.0))
@@ -292,7 +303,7 @@ class MicroBatcher(Generic[T, R]):
         knobs = self.knobs
         dispatched = self._clock()
         self.stats.add(len(rows))
-        self._largest_ok, self._oom_seen = 0, False
+        self._largest_ok, self._oom_seen, self._split = 0, False, False
         outcomes = self._run_isolating(rows, lambda part: run_rows(chunk.payload, part))
         self._cap_after_oom(len(rows))
         done = self._clock()
@@ -308,7 +319,10 @@ class MicroBatcher(Generic[T, R]):
         if chunk.record(rows, results):
             _resolve(chunk.future, chunk.outcomes)
         waited = dispatched - chunk.arrived_s
-        self._report(size=len(rows), padded_tokens=len(rows) * int(chunk.lengths[rows].max()),
+        padded_tokens = len(rows) * int(chunk.lengths[rows].max())
+        if not failed and not self._split:  # the chunk path's lengths are real token counts
+            self.cost_model.observe(padded_tokens, done - dispatched)
+        self._report(size=len(rows), padded_tokens=padded_tokens,
                      queue_wait_s=(waited,) * len(rows), latencies_s=[done - chunk.arrived_s] * len(rows),
                      dispatched=dispatched, done=done, failed=failed, knobs=knobs)
 
@@ -316,7 +330,7 @@ class MicroBatcher(Generic[T, R]):
         knobs = self.knobs
         dispatched = self._clock()
         self.stats.add(len(batch))
-        self._largest_ok, self._oom_seen = 0, False
+        self._largest_ok, self._oom_seen, self._split = 0, False, False
         outcomes = self._run_isolating([p.item for p in batch], self._run_batch)
         self._cap_after_oom(len(batch))
         done = self._clock()
@@ -360,6 +374,7 @@ class MicroBatcher(Generic[T, R]):
             self._oom_seen = self._oom_seen or oom
             if len(items) == 1:
                 return [_Failed(exc)]
+            self._split = True
             if oom:
                 self.stats.oom_splits += 1
             else:

@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.inference._cost import CallCost, cost_cuts
 
 __all__ = ["Chunk", "ChunkQueue"]
 
@@ -47,6 +48,9 @@ class Chunk:
         order: ``(n,)`` rows sorted by (bucket, length), set by :meth:`ChunkQueue.put`.
         bucket_of: ``(n,)`` bucket of each position of ``order``.
         cursor: Position in ``order`` of the next row to batch.
+        cuts: Batch ends (positions in ``order``) planned by :func:`cost_cuts`
+            for the rows from the cursor on, or None (fixed cuts).
+        cuts_rows: The ``max_batch_size`` that ``cuts`` was planned for.
         outcomes: Per row, its result or exception once its batch ran.
         remaining: Rows whose batch has not run yet.
     """
@@ -58,6 +62,8 @@ class Chunk:
     order: npt.NDArray[np.intp] = field(default_factory=lambda: np.empty(0, dtype=np.intp))
     bucket_of: npt.NDArray[np.intp] = field(default_factory=lambda: np.empty(0, dtype=np.intp))
     cursor: int = 0
+    cuts: npt.NDArray[np.intp] | None = None
+    cuts_rows: int = 0
     outcomes: list[Any] = field(default_factory=list)
     remaining: int = 0
 
@@ -109,8 +115,17 @@ class ChunkQueue:
         """Submit time of the head chunk (seconds), or None when empty."""
         return self._chunks[0].arrived_s if self._chunks else None
 
-    def take(self, max_batch_size: int) -> tuple[Chunk, npt.NDArray[np.intp]] | None:
+    def take(
+        self, max_batch_size: int, cost: CallCost | None = None
+    ) -> tuple[Chunk, npt.NDArray[np.intp]] | None:
         """The next model batch: the head chunk and ``(k,)`` rows of it, ``k >= 1``.
+
+        Args:
+            max_batch_size: Most rows per batch.
+            cost: A fitted call cost: the chunk's remaining rows are cut where
+                :func:`~pyflink_aisp.inference._cost.cost_cuts` says (planned once,
+                again when ``max_batch_size`` changes). None: fixed cuts, each
+                batch as long as the limits allow.
 
         Raises:
             ConfigError: ``max_batch_size`` < 1.
@@ -121,6 +136,17 @@ class ChunkQueue:
             return None
         chunk = self._chunks[0]
         start = chunk.cursor
+        if cost is not None:
+            stop = self._planned_stop(chunk, max_batch_size, cost)
+        else:
+            stop = self._fixed_stop(chunk, max_batch_size)
+        chunk.cursor = stop
+        if stop == len(chunk):
+            self._chunks.popleft()
+        return chunk, chunk.order[start:stop]
+
+    def _fixed_stop(self, chunk: Chunk, max_batch_size: int) -> int:
+        start = chunk.cursor
         stop = min(start + max_batch_size, len(chunk))
         same_bucket = chunk.bucket_of[start:stop] == chunk.bucket_of[start]
         stop = start + (int(np.argmin(same_bucket)) if not same_bucket.all() else stop - start)
@@ -129,10 +155,16 @@ class ChunkQueue:
             padded = np.arange(1, stop - start + 1) * longest
             fits = padded <= self._budget
             stop = start + max(1, int(np.argmin(fits)) if not fits.all() else stop - start)
-        chunk.cursor = stop
-        if stop == len(chunk):
-            self._chunks.popleft()
-        return chunk, chunk.order[start:stop]
+        return stop
+
+    def _planned_stop(self, chunk: Chunk, max_batch_size: int, cost: CallCost) -> int:
+        start = chunk.cursor
+        if chunk.cuts is None or chunk.cuts_rows != max_batch_size:
+            rest = chunk.order[start:]
+            chunk.cuts = start + cost_cuts(chunk.lengths[rest], cost, max_rows=max_batch_size,
+                                           max_tokens=self._budget, buckets=chunk.bucket_of[start:])
+            chunk.cuts_rows = max_batch_size
+        return int(chunk.cuts[np.searchsorted(chunk.cuts, start, side="right")])
 
     def drain(self) -> list[Chunk]:
         """Remove and return every queued chunk (on close)."""

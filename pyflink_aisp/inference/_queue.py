@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.inference._cost import BatchCuts
 
 __all__ = ["BatchQueue", "BatchingConfig"]
 
@@ -61,6 +62,10 @@ class BatchingConfig:
             is coming soon: PyFlink ends each bundle by waiting for every record
             in flight, so without it each bundle's last batch sits out the full
             ``max_wait_ms`` while the pipeline stalls.
+        batch_cuts: How whole submitted batches (the batch path) are cut into
+            model batches after sorting by length: ``cost`` (default) at the
+            cuts of least fitted cost (:mod:`pyflink_aisp.inference._cost`),
+            ``fixed`` into runs of ``max_batch_size``.
     """
 
     max_batch_size: int = 32
@@ -69,6 +74,7 @@ class BatchingConfig:
     length_buckets: tuple[int, ...] = ()
     latency_slo_ms: float | None = None
     max_idle_ms: float | None = 2.0
+    batch_cuts: BatchCuts = BatchCuts.COST
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -88,6 +94,8 @@ class BatchingConfig:
             raise ConfigError(f"max_idle_ms must be >= 0 or None, got {self.max_idle_ms}")
         if self.latency_slo_ms is not None and not self.latency_slo_ms > 0:
             raise ConfigError(f"latency_slo_ms must be > 0 or None, got {self.latency_slo_ms}")
+        if not isinstance(self.batch_cuts, BatchCuts):
+            raise ConfigError(f"batch_cuts must be a BatchCuts, got {self.batch_cuts!r}")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 from pyflink_aisp.affinity import AffinityPolicy, AffinitySettings
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference import BatchingConfig, BreakerConfig, ModelSwapConfig, Pooling
+from pyflink_aisp.inference import BatchCuts, BatchingConfig, BreakerConfig, ModelSwapConfig, Pooling
 from pyflink_aisp.inference._torch import parse_torch_device
 from pyflink_aisp.pipeline._options import (
     OPTIONS,
@@ -92,6 +92,7 @@ class PipelineOptions:
     max_wait_ms: float = 5.0
     max_idle_ms: float | None = 2.0
     max_batch_tokens: int | None = None
+    batch_cuts: BatchCuts = BatchCuts.COST
     length_buckets: tuple[int, ...] = ()
     latency_slo_ms: float | None = None
     max_failure_rate: float | None = 0.5
@@ -182,7 +183,7 @@ class PipelineOptions:
             return BatchingConfig(
                 max_batch_size=self.max_batch_size, max_wait_ms=self.max_wait_ms,
                 max_batch_tokens=self.max_batch_tokens, length_buckets=self.length_buckets,
-                latency_slo_ms=self.latency_slo_ms, max_idle_ms=self.max_idle_ms)
+                latency_slo_ms=self.latency_slo_ms, max_idle_ms=self.max_idle_ms, batch_cuts=self.batch_cuts)
         except ConfigError as exc:
             named = [o.flag for o in OPTIONS if o.name in str(exc)]
             raise ConfigError(f"{named[0]}: {exc}" if named else str(exc)) from exc

@@ -27,7 +27,7 @@ from typing import Any
 
 from pyflink_aisp.affinity import AffinityPolicy
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference import Pooling
+from pyflink_aisp.inference import BatchCuts, Pooling
 
 __all__ = ["OPTIONS", "GpuProvider", "InferenceRuntime", "Option", "OptionGroup", "Precision", "Runner",
            "option", "options_markdown", "parse_value"]
@@ -266,6 +266,9 @@ OPTIONS: tuple[Option, ...] = (
        "(async operator).", B, unit="ms", job_param="aisp.batch.max-idle-ms", nullable=True, minimum=0),
     _o("max_batch_tokens", int, None, "Padded-token budget per model call (rows x longest row).", B,
        unit="tokens", job_param="aisp.batch.max-tokens", nullable=True, minimum=1),
+    _o("batch_cuts", BatchCuts, BatchCuts.COST, "Where a sorted Arrow batch is cut into model batches: "
+       "cost: the cuts of least cost fitted online (per call + per padded token); fixed: runs of "
+       "--max-batch-size.", B, job_param="aisp.batch.cuts"),
     _o("length_buckets", tuple, (), "Ascending token-length bucket bounds, e.g. 16,32,64: a model batch "
        "holds one bucket.", B, unit="tokens", job_param="aisp.batch.length-buckets", nullable=True,
        minimum=1),

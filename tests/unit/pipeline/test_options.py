@@ -14,7 +14,7 @@ import pytest
 from pyflink_aisp import pipeline
 from pyflink_aisp.affinity import AffinityPolicy
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference import BatchingConfig, ModelSwapConfig, Pooling
+from pyflink_aisp.inference import BatchCuts, BatchingConfig, ModelSwapConfig, Pooling
 from pyflink_aisp.pipeline import (
     OPTIONS,
     OptionGroup,
@@ -123,7 +123,7 @@ def test_derived_configs_and_names(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def _non_default(tmp_path: Path) -> PipelineOptions:
     return PipelineOptions(
         max_batch_size=3, max_wait_ms=0.25, max_idle_ms=None, max_batch_tokens=99,
-        length_buckets=(4, 8), latency_slo_ms=12.5, model_dir=tmp_path / "m",
+        batch_cuts=BatchCuts.FIXED, length_buckets=(4, 8), latency_slo_ms=12.5, model_dir=tmp_path / "m",
         model_pointer=tmp_path / "p.json", model_poll_interval_s=3.0, intra_op_threads=4,
         encoder_onnx=tmp_path / "e.onnx", encoder_tokenizer=tmp_path / "tokenizer.json",
         encoder_output="last_hidden_state", encoder_pooling=Pooling.CLS, encoder_normalize=True,
@@ -162,6 +162,7 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.batch.max-wait-ms": "5.0",
         "aisp.batch.max-idle-ms": "2.0",
         "aisp.batch.max-tokens": "none",
+        "aisp.batch.cuts": "cost",
         "aisp.batch.length-buckets": "none",
         "aisp.latency-slo-ms": "none",
         "aisp.breaker.max-failure-rate": "0.5",
