@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--batch-size", type=int, default=64, help="model batch size of (r) and the UDF cases")
     p.add_argument("--arrow-batch-size", type=int, default=1024, help="(r): texts per submitted chunk")
+    p.add_argument("--compare-cuts", action="store_true",
+                   help="also run (e) and every latency case with --batch-cuts fixed, side by side")
     a = p.parse_args(argv)
     a.skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     unknown = a.skip - set(CASES)
@@ -226,6 +228,10 @@ def child_main(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The job flags of the --compare-cuts runs.
+FIXED_CUTS = ("--batch-cuts", "fixed")
+
+
 def _settings(args: argparse.Namespace, bootstrap: str, assets: Any, slo: float | None,
               extra: tuple[str, ...] = ()) -> JobSettings:
     return JobSettings(bootstrap=bootstrap, model_dir=assets.directory, intra_op_threads=args.threads,
@@ -259,6 +265,8 @@ def run_streaming(args: argparse.Namespace, assets: Any, texts: list[str], resul
             cases = [("e" if slo is None else "e + SLO", slo, ()) for slo in slos]
             if "async" not in args.skip:
                 cases.append(("e async", None, ("--operator", "async")))
+            if args.compare_cuts:
+                cases.append(("e fixed cuts", None, FIXED_CUTS))
             for key, slo, extra in cases:
                 r = _guarded(results, key, throughput_run, bootstrap, texts,
                              _settings(args, bootstrap, assets, slo, extra), log_dir=log_dir,
@@ -272,14 +280,17 @@ def run_streaming(args: argparse.Namespace, assets: Any, texts: list[str], resul
             results["errors"]["latency"] = "no base rate: (e) failed or was skipped without --base-rate"
             return
         results["latency_base_per_s"] = base
+        variants = [("cost", ()), ("fixed", FIXED_CUTS)] if args.compare_cuts else [("cost", ())]
         for load in args.loads:
             for slo in slos:
-                run = _guarded(results, f"latency {load:.0%} slo={slo}", latency_run, bootstrap, texts,
-                               _settings(args, bootstrap, assets, slo), rate_per_s=load * base,
-                               seconds=args.load_seconds, warmup_s=args.warmup_seconds, log_dir=log_dir,
-                               tag=f"{int(load * 100)}-{'slo' if slo else 'fixed'}")
-                if run is not None:
-                    results["latency"].append({"load": load, "slo_ms": slo, **run})
+                for cuts, extra in variants:
+                    run = _guarded(results, f"latency {load:.0%} slo={slo} cuts={cuts}", latency_run,
+                                   bootstrap, texts, _settings(args, bootstrap, assets, slo, extra),
+                                   rate_per_s=load * base, seconds=args.load_seconds,
+                                   warmup_s=args.warmup_seconds, log_dir=log_dir,
+                                   tag=f"{int(load * 100)}-{'slo' if slo else 'fixed'}-{cuts}")
+                    if run is not None:
+                        results["latency"].append({"load": load, "slo_ms": slo, "cuts": cuts, **run})
 
 
 def main(argv: list[str] | None = None) -> int:

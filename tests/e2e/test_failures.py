@@ -17,7 +17,7 @@ import pytest
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
-from pyflink_aisp.local import FailurePlan, LocalStack, kill_taskmanager, run_chaos, wait_recovered
+from pyflink_aisp.local import FailurePlan, kill_taskmanager, run_chaos, wait_recovered
 from pyflink_aisp.local._flink import FlinkCluster
 from pyflink_aisp.local._procs import read_pid_file
 
@@ -28,17 +28,11 @@ JOB = ROOT / "jobs" / "review_sentiment.py"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, stack_config):
+def stack(tmp_path_factory, stack_config, running_stack):
     """A stack of its own: these tests kill its TaskManager and restart its broker and the whole
     stack, which must not leave the other e2e tests' shared stack in that state."""
-    stack = LocalStack(stack_config(tmp_path_factory.mktemp("chaos-stack")))
-    try:
-        stack.up()
-    except Exception:
-        stack.down()  # what started must not run on beside the other tests
-        raise
-    yield stack
-    stack.down()
+    with running_stack(stack_config(tmp_path_factory.mktemp("chaos-stack"))) as stack:
+        yield stack
 
 
 def test_kills_and_a_broker_restart_lose_and_duplicate_nothing(stack, model_assets, tmp_path):
@@ -113,16 +107,11 @@ def test_down_reaps_the_workers_a_killed_taskmanager_left(stack, model_assets, t
 
 
 @pytest.fixture(scope="module")
-def standby_stack(tmp_path_factory, stack_config):
+def standby_stack(tmp_path_factory, stack_config, running_stack):
     """Two TaskManagers: the job runs on one, the other stands by."""
-    stack = LocalStack(replace(stack_config(tmp_path_factory.mktemp("standby-stack")), flink_taskmanagers=2))
-    try:
-        stack.up()
-    except Exception:
-        stack.down()  # what started must not run on beside the other tests
-        raise
-    yield stack
-    stack.down()
+    config = replace(stack_config(tmp_path_factory.mktemp("standby-stack")), flink_taskmanagers=2)
+    with running_stack(config) as stack:
+        yield stack
 
 
 def test_a_kill_of_the_busy_taskmanager_restarts_the_job_on_the_standby(standby_stack, model_assets):
