@@ -38,13 +38,11 @@ def _aisp(*args: str, stack: LocalStack, **kwargs) -> subprocess.CompletedProces
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, stack_config):
+def stack(tmp_path_factory, stack_config, running_stack):
     config = replace(stack_config(tmp_path_factory.mktemp("deploy")), flink_taskmanagers=2,
                      flink_isolated_python=True)
-    stack = LocalStack(config)
-    stack.up()
-    yield stack
-    stack.down()
+    with running_stack(config) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
-from pyflink_aisp.local import LocalStack, find_free_port, port_is_free
+from pyflink_aisp.local import find_free_port, port_is_free
 
 pytestmark = pytest.mark.e2e
 
@@ -61,13 +61,11 @@ def _wait_for_total(url: str, name: str, total: float, deadline_s: float) -> dic
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, stack_config):
+def stack(tmp_path_factory, stack_config, running_stack):
     config = stack_config(tmp_path_factory.mktemp("prom"))
     taken = {config.kafka_port, config.kafka_controller_port, config.flink_rest_port, config.flink_rpc_port}
-    stack = LocalStack(replace(config, prometheus_port=_two_free_ports(taken)))
-    stack.up()
-    yield stack
-    stack.down()
+    with running_stack(replace(config, prometheus_port=_two_free_ports(taken))) as stack:
+        yield stack
 
 
 def test_status_names_both_reporter_endpoints(stack):
