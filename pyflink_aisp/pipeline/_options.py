@@ -272,8 +272,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("length_buckets", tuple, (), "Ascending token-length bucket bounds, e.g. 16,32,64: a model batch "
        "holds one bucket.", B, unit="tokens", job_param="aisp.batch.length-buckets", nullable=True,
        minimum=1),
-    _o("latency_slo_ms", float, None, "p99 target of the inference operator; batch size and wait are "
-       "then tuned online within their maxima.", B, unit="ms", job_param="aisp.latency-slo-ms",
+    _o("latency_slo_ms", float, None, "p99 target of the inference operator: shorter bundles (SLO / 15) "
+       "and no ORT spin-wait; the async operator's batch size and wait are tuned online within their "
+       "maxima.", B, unit="ms", job_param="aisp.latency-slo-ms",
        nullable=True, minimum=0.001),
     _o("max_failure_rate", float, 0.5, "Circuit breaker: fail the job (Flink restarts it from the last "
        "checkpoint) when this share of the last --failure-window inferences failed (none: never; decode "
