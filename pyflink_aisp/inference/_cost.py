@@ -39,6 +39,7 @@ Pure and single-threaded (the batcher's thread owns one).
 from __future__ import annotations
 
 import enum
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -115,8 +116,9 @@ class BatchCostModel:
         self._new = 0
 
     def observe(self, padded_tokens: int, seconds: float) -> None:
-        """Record one model call that ran whole (no failure, no split)."""
-        if padded_tokens > 0 and seconds > 0:
+        """Record one model call that ran whole (no failure, no split); a non-positive or
+        non-finite size or time is ignored."""
+        if padded_tokens > 0 and 0 < seconds < math.inf:
             self._calls.append((padded_tokens, seconds))
             self._new += 1
 

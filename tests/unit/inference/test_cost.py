@@ -96,6 +96,16 @@ def test_the_cost_model_follows_the_last_window_of_calls() -> None:
     assert model.cost is not None and model.cost.per_token_s == pytest.approx(1e-4, rel=1e-9)
 
 
+def test_calls_without_a_finite_positive_time_are_ignored() -> None:
+    model = BatchCostModel(min_calls=4, refit_every=1)
+    for tokens in (100, 200, 300, 400):
+        model.observe(tokens, 0.002 + 5e-5 * tokens)
+    for tokens, seconds in ((500, float("inf")), (500, float("nan")), (500, 0.0), (0, 0.01), (500, -1.0)):
+        model.observe(tokens, seconds)
+    assert model.cost is not None
+    assert (model.cost.per_call_s, model.cost.per_token_s) == (pytest.approx(0.002), pytest.approx(5e-5))
+
+
 def test_slow_outlier_calls_barely_move_the_fit() -> None:
     model = BatchCostModel(min_calls=4, refit_every=1)
     rng = np.random.default_rng(3)
