@@ -11,7 +11,10 @@ budget (``rows x longest row <= max_batch_tokens``; rows ascend in length, so
 the longest is the last) and one length bucket. Sorting by length before
 cutting is what a plain loop over a sorted corpus does; it keeps padding small
 (the policy of :class:`~pyflink_aisp.inference.BatchQueue`, applied to rows
-that arrived together).
+that arrived together). Given a fitted call cost, :meth:`ChunkQueue.take`
+instead returns the batches of the chunk's least-cost partition within the
+same limits (:func:`~pyflink_aisp.inference._cost.cost_cuts`, planned once
+per chunk): a run of short rows is no longer padded to the long row after it.
 
 A model batch holds rows of one chunk only: chunks from several operators of a
 worker take turns, oldest first, so a small chunk is never held back to wait
