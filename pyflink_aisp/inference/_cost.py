@@ -3,10 +3,12 @@
 A model call on ``k`` rows padded to ``L`` tokens costs about ``a + b * k * L``
 seconds: a fixed part per call (kernel launches, thread-pool wake-ups, the
 framework's own work) and a part per padded token. Measured here on the MiniLM
-sentiment ONNX model, ONNX Runtime CPU provider, 2 intra-op threads, 2 cores:
-``a`` = 1.8 ms, ``b`` = 0.060 ms per padded token, within 13 % of every
-measured batch for ``k`` in 1..32 and ``L`` in 8..64 (the attention's ``L**2``
-term was below the noise up to ``L`` = 128).
+sentiment ONNX model, ONNX Runtime CPU provider, 2 intra-op threads, 2 cores,
+one ``session.run`` per batch: ``a`` = 1.8-2.3 ms, ``b`` = 0.060 ms per padded
+token, predicting every measured batch within 25 % for ``k`` in 1..32 and
+``L`` in 8..65 (long batches cost slightly more than linearly: the attention's
+``L**2`` term); fitted online through the handler, with its own work per call,
+``a`` = 3-4 ms (``bench/batch_cuts.py``).
 
 Cutting a length-sorted run of rows into batches of a fixed size pads each
 batch to its longest row; with few rows of spread-out lengths (a trickle: a
