@@ -209,8 +209,8 @@ WHY = [
     "busy most of the time and a record waits for up to two bundle cycles (instrumented: ~12 records "
     "per Arrow batch, 50-90 ms per batch, a new batch every 60-120 ms at 10 ms bundles). Cost cuts run "
     "such a dozen records as two or three batches of similar length instead of one padded to the longest "
-    "(the runtime alone on the same random chunks, `bench/batch_cuts.py`: 45.1 against 52.3 ms per chunk "
-    "of 12 reviews, 102.2 against 115.0 ms per chunk of 40, 1,836 against 1,883 ms per chunk of 1,024), "
+    "(the runtime alone on the same random chunks, `bench/batch_cuts.py`: 40.8 against 48.3 ms per chunk "
+    "of 12 reviews, 86.7 against 99.5 ms per chunk of 40, 1,568 against 1,615 ms per chunk of 1,024), "
     "which shortens every bundle cycle.",
     "- With `--latency-slo-ms` the bundle time is SLO/15 within [5, 50] ms and ONNX Runtime's intra-op "
     "threads stop spin-waiting between runs (`--onnx-spin-wait`): two A/B pairs at 155 records/s gave "

@@ -318,12 +318,12 @@ class MicroBatcher(Generic[T, R]):
             else:
                 results.append(outcome)
         self.stats.failed += failed
-        if chunk.record(rows, results):
-            _resolve(chunk.future, chunk.outcomes)
-        waited = dispatched - chunk.arrived_s
         padded_tokens = len(rows) * int(chunk.lengths[rows].max())
         if not failed and not self._split:  # the chunk path's lengths are real token counts
             self.cost_model.observe(padded_tokens, done - dispatched)
+        if chunk.record(rows, results):
+            _resolve(chunk.future, chunk.outcomes)
+        waited = dispatched - chunk.arrived_s
         self._report(size=len(rows), padded_tokens=padded_tokens,
                      queue_wait_s=(waited,) * len(rows), latencies_s=[done - chunk.arrived_s] * len(rows),
                      dispatched=dispatched, done=done, failed=failed, knobs=knobs)

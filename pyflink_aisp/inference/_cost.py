@@ -8,7 +8,7 @@ one ``session.run`` per batch: ``a`` = 1.8-2.3 ms, ``b`` = 0.060 ms per padded
 token, predicting every measured batch within 25 % for ``k`` in 1..32 and
 ``L`` in 8..65 (long batches cost slightly more than linearly: the attention's
 ``L**2`` term); fitted online through the handler, with its own work per call,
-``a`` = 3-4 ms (``bench/batch_cuts.py``).
+``a`` = 1.6-4 ms, ``b`` = 0.05-0.06 ms (``bench/batch_cuts.py``).
 
 Cutting a length-sorted run of rows into batches of a fixed size pads each
 batch to its longest row; with few rows of spread-out lengths (a trickle: a
@@ -91,7 +91,7 @@ class BatchCostModel:
     1950, Sen 1968): a call slowed by a garbage collection or a busy core moves
     it little, where least squares would follow it (up to ~29 % of the calls may
     be such outliers). Refitted every ``refit_every`` new calls (a fit over 256
-    calls takes ~2 ms).
+    calls takes 0.4-2 ms), in :meth:`observe`.
 
     Args:
         window: Calls kept (the oldest drops out: the fit follows a changed load or model).
@@ -115,23 +115,25 @@ class BatchCostModel:
         self._calls: deque[tuple[int, float]] = deque(maxlen=window)
         self._min_calls, self._min_spread, self._refit_every = min_calls, min_spread, refit_every
         self._fitted: CallCost | None = None
-        self._new = 0
+        self._new, self._tried = 0, False
 
     def observe(self, padded_tokens: int, seconds: float) -> None:
         """Record one model call that ran whole (no failure, no split); a non-positive or
-        non-finite size or time is ignored."""
-        if padded_tokens > 0 and 0 < seconds < math.inf:
-            self._calls.append((padded_tokens, seconds))
-            self._new += 1
+        non-finite size or time is ignored. Fits when ``min_calls`` calls are in, then
+        after every ``refit_every`` new calls (whether the last fit gave a cost or not)."""
+        if not (padded_tokens > 0 and 0 < seconds < math.inf):
+            return
+        self._calls.append((padded_tokens, seconds))
+        self._new += 1
+        if len(self._calls) >= self._min_calls and (self._new >= self._refit_every or not self._tried):
+            self._tried, self._new = True, 0
+            self._fitted = self._fit()
 
     @property
     def cost(self) -> CallCost | None:
-        """The fitted :class:`CallCost`, or None: too few calls, too little spread in
-        their sizes, or a fit with a non-positive per-call or per-token part."""
-        due = self._new >= self._refit_every or (self._fitted is None and self._new > 0)
-        if due and len(self._calls) >= self._min_calls:
-            self._new = 0
-            self._fitted = self._fit()
+        """The last fit's :class:`CallCost`, or None: too few calls, too little spread in
+        their sizes, or a fit with a non-positive per-call or per-token part. A plain
+        read (the fit runs in :meth:`observe`), so any thread may read it."""
         return self._fitted
 
     def _fit(self) -> CallCost | None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference._chunks import Chunk, ChunkQueue
+from pyflink_aisp.inference._chunks import Chunk, ChunkQueue, plan_window
 from pyflink_aisp.inference._cost import BatchCostModel, CallCost, cost_cuts
 
 
@@ -118,6 +118,18 @@ def test_slow_outlier_calls_barely_move_the_fit() -> None:
     assert model.cost.per_call_s == pytest.approx(0.002, rel=0.1)
 
 
+def test_without_a_fit_the_model_still_refits_only_every_refit_every_calls(monkeypatch) -> None:
+    """Chunks whose batches all have one size never give a fit: that must not cost a fit per call."""
+    model = BatchCostModel(min_calls=16, refit_every=16)
+    fits = []
+    real_fit = model._fit
+    monkeypatch.setattr(model, "_fit", lambda: fits.append(1) or real_fit())
+    for _ in range(100):
+        model.observe(32 * 40, 0.05)
+        assert model.cost is None
+    assert len(fits) == 1 + (100 - 16) // 16  # at the 16th call, then every 16 more
+
+
 def test_the_fit_is_refreshed_every_refit_every_calls() -> None:
     model = BatchCostModel(window=64, min_calls=4, refit_every=4)
     for tokens in (100, 200, 300, 400):
@@ -220,3 +232,35 @@ def test_the_batcher_fits_its_model_calls_and_cuts_chunks_by_cost(cuts: str) -> 
         fixed = [ordered[:8].tolist(), ordered[8:].tolist()]
         assert sum(fitted.seconds(len(b), max(b)) for b in model.batches) < sum(
             fitted.seconds(len(b), max(b)) for b in fixed)
+
+
+def test_a_long_chunk_is_planned_a_window_at_a_time_and_cut_near_the_optimum(monkeypatch) -> None:
+    import pyflink_aisp.inference._chunks as chunks
+
+    planned: list[int] = []
+
+    def counting_cuts(lengths, *args, **kwargs):
+        planned.append(len(lengths))
+        return cost_cuts(lengths, *args, **kwargs)
+
+    monkeypatch.setattr(chunks, "cost_cuts", counting_cuts)
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(3, 80, 3000)
+    cost = CallCost(3.0, 0.06)
+    queue = ChunkQueue(length_buckets=(16, 48), max_batch_tokens=1500)
+    queue.put(Chunk(None, np.asarray(lengths, dtype=np.int64), 0.0))
+    batches = []
+    while (taken := queue.take(16, cost)) is not None:
+        batches.append(taken[1].tolist())
+    rows = [r for b in batches for r in b]
+    assert sorted(rows) == list(range(3000))  # each row once
+    buckets = np.searchsorted([16, 48], lengths, side="left")
+    for b in batches:
+        longest = max(lengths[b])
+        assert len(b) <= 16 and (len(b) == 1 or len(b) * longest <= 1500) and len(set(buckets[b])) == 1
+    assert max(planned) <= plan_window(16) and len(planned) > 3000 // plan_window(16)
+    ordered = np.sort(lengths)
+    whole = cost_cuts(ordered, cost, max_rows=16, max_tokens=1500, buckets=np.searchsorted([16, 48], ordered))
+    best = total(ordered.tolist(), whole.tolist(), cost)
+    windowed = sum(cost.seconds(len(b), int(max(lengths[b]))) for b in batches)
+    assert best <= windowed <= 1.01 * best
