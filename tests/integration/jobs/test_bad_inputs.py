@@ -139,19 +139,25 @@ def test_a_model_that_fails_on_everything_fails_the_job_after_bounded_restarts(
     operator, kafka_bootstrap, topic, model_assets, reviews
 ):
     """9.8 + 9.1: the circuit breaker fails the job instead of dead-lettering the stream; the
-    failure-rate restart strategy ends it after one restart instead of replaying forever."""
+    failure-rate restart strategy ends it after one restart instead of replaying forever.
+
+    ``--failure-window 10`` makes ``min_records`` 1, so the first failure trips the breaker and
+    nothing can be dead-lettered. (With a window of 20, ``min_records`` is 2 and the first failure
+    of each attempt is dead-lettered by design, then committed if a checkpoint completes before the
+    second: a landing CI run saw exactly that, 1 dead letter, so an exact ``[]`` needs window < 20.)"""
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     t_in, t_out, t_dlq = topic("in"), topic("out"), topic("dlq")
     create_topics(kafka_bootstrap, [t_in])
     _produce(kafka_bootstrap, t_in, [json.dumps({"id": r.id, "text": r.text}).encode() for r in reviews])
     options = _options(kafka_bootstrap, t_in, t_out, t_dlq, model_assets, "--operator", operator,
-                       "--checkpoint-interval-ms", "1000", "--failure-window", "20",
+                       "--checkpoint-interval-ms", "1000", "--failure-window", "10",
                        "--restart-attempts", "1", "--restart-delay-s", "1", "--max-batch-size", "4")
     result = build_pipeline(make_environment(options), options, handler=BrokenModelHandler(model_assets))
     with pytest.raises(Exception) as failure:
         result.wait()  # streaming: returns only because the job failed for good
     assert "CircuitOpenError" in str(failure.value)
     assert "inference failure rate 1.000" in str(failure.value)
+    assert "min_records 1)" in str(failure.value)
     assert "CUDA error: an illegal memory access" in str(failure.value)
     assert read_topic(kafka_bootstrap, t_out, timeout_s=3) == []
     assert read_topic(kafka_bootstrap, t_dlq, timeout_s=3) == []  # nothing dead-lettered and committed
