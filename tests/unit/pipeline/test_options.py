@@ -390,7 +390,7 @@ def test_help_lists_every_flag_with_unit_and_default(capsys) -> None:  # type: i
 def test_flink_settings_without_a_latency_target() -> None:
     assert flink_settings(PipelineOptions()) == {
         "python.fn-execution.bundle.time": "50",
-        "python.fn-execution.bundle.size": "1024",
+        "python.fn-execution.bundle.size": "4096",
         "python.fn-execution.arrow.batch.size": "1024",
         "table.exec.async-scalar.max-concurrent-operations": "64",
         "table.exec.async-scalar.timeout": "600000 ms",
@@ -440,14 +440,16 @@ def test_breaker_sink_and_restart_flags_out_of_range_exit_2(flags: list[str], ca
 @pytest.mark.parametrize(
     ("options", "bundle_time", "bundle_size", "arrow_batch", "concurrent"),
     [
-        (PipelineOptions(latency_slo_ms=150.0), "10", "1024", "1024", "64"),
-        (PipelineOptions(latency_slo_ms=30.0), "5", "1024", "1024", "64"),
+        (PipelineOptions(latency_slo_ms=150.0), "10", "4096", "1024", "64"),
+        (PipelineOptions(latency_slo_ms=30.0), "5", "4096", "1024", "64"),
         (PipelineOptions(max_batch_size=1, latency_slo_ms=2.0, arrow_batch_size=100),
          "5", "1000", "100", "2"),
-        (PipelineOptions(latency_slo_ms=3000.0), "50", "1024", "1024", "64"),
-        (PipelineOptions(max_batch_size=256, arrow_batch_size=512), "50", "2048", "512", "512"),
-        (PipelineOptions(arrow_batch_size=8192), "50", "8192", "8192", "64"),
-        (PipelineOptions(latency_slo_ms=150.0, bundle_time_ms=20), "20", "1024", "1024", "64"),
+        (PipelineOptions(max_batch_size=1, arrow_batch_size=250), "50", "1000", "250", "2"),
+        (PipelineOptions(latency_slo_ms=3000.0), "50", "4096", "1024", "64"),
+        (PipelineOptions(max_batch_size=512, arrow_batch_size=512), "50", "4096", "512", "1024"),
+        (PipelineOptions(max_batch_size=1024, arrow_batch_size=512), "50", "8192", "512", "2048"),
+        (PipelineOptions(arrow_batch_size=8192), "50", "32768", "8192", "64"),
+        (PipelineOptions(latency_slo_ms=150.0, bundle_time_ms=20), "20", "4096", "1024", "64"),
     ],
 )
 def test_flink_settings_follow_the_options(
@@ -459,7 +461,7 @@ def test_flink_settings_follow_the_options(
     assert settings["python.fn-execution.arrow.batch.size"] == arrow_batch
     assert settings["table.exec.async-scalar.max-concurrent-operations"] == concurrent
     size = options.max_batch_size
-    assert int(bundle_size) == max(1000, options.arrow_batch_size, 8 * size) >= 4 * 2 * size
+    assert int(bundle_size) == max(1000, 4 * options.arrow_batch_size, 8 * size) >= 4 * 2 * size
 
 
 @pytest.mark.parametrize(("slo", "expected"), [(None, 50), (1.0, 5), (30.0, 5), (75.0, 5), (90.0, 6),
