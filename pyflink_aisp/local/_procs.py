@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ __all__ = [
     "args_adjacent",
     "command_line",
     "describe_command",
+    "ephemeral_port_range",
     "find_free_port",
     "find_pids",
     "is_alive",
@@ -207,11 +209,68 @@ def port_is_open(port: int, host: str = LOOPBACK, timeout_s: float = 0.5) -> boo
         return False
 
 
-def find_free_port(host: str = LOOPBACK) -> int:
-    """A port the OS reports free right now (racy by nature; for tests and defaults)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+#: Where Linux keeps its ephemeral port range (``ip_local_port_range``, Linux
+#: Documentation/networking/ip-sysctl.rst): the ports it hands out to outgoing
+#: connections and to listeners on port 0.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: Lowest port :func:`find_free_port` picks (above most registered service ports).
+_LOWEST_PICK = 10_000
+
+
+def ephemeral_port_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
+    """The OS's ephemeral port range ``(first, last)``, inclusive; None where unknown
+    (not Linux, or the file unreadable or malformed)."""
+    try:
+        first, last = (int(x) for x in path.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return (first, last) if 0 < first <= last <= 65535 else None
+
+
+def find_free_port(host: str = LOOPBACK, *, span: int = 1,
+                   ephemeral: tuple[int, int] | bool | None = True, lowest: int = _LOWEST_PICK) -> int:
+    """A port P such that ``P .. P + span - 1`` are free right now and, where the OS's
+    ephemeral range is known, outside it (for tests, benchmarks and defaults).
+
+    Choosing a free port is racy by nature: until the daemon binds it, anything may
+    take it. Ports in the ephemeral range are the ones the kernel itself hands to every
+    outgoing connection and port-0 listener (a broker's clients, a JVM's RPC and blob
+    servers), so a port picked there can be taken within seconds by an unrelated
+    socket: a landing CI run lost a TaskManager's Prometheus port that way. So P is
+    drawn at random from ``[10000, first)`` and ``(last, 65535]`` of that range.
+
+    Args:
+        host: Address the ports must be free on.
+        span: How many consecutive ports must be free (≥ 1).
+        ephemeral: The range to avoid: True reads :func:`ephemeral_port_range`;
+            an explicit ``(first, last)``; None or False avoids nothing.
+        lowest: Lowest port drawn (default 10000, above most registered services).
+
+    Returns:
+        P; where no range is known or none of 1,000 draws is free, a port the OS
+        chooses (port 0) whose span is free.
+
+    Raises:
+        ValueError: ``span`` < 1.
+    """
+    if span < 1:
+        raise ValueError(f"span must be >= 1, got {span}")
+    avoid = ephemeral_port_range() if ephemeral is True else (ephemeral or None)
+    if avoid is not None:
+        first, last = avoid
+        candidates = [r for r in (range(lowest, first - span + 1), range(last + 1, 65536 - span + 1))
+                      if len(r) > 0]
+        rng = random.SystemRandom()
+        for _ in range(1000 if candidates else 0):
+            port = rng.choice(rng.choice(candidates))
+            if all(port_is_free(port + i, host) for i in range(span)):
+                return port
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port + span <= 65536 and all(port_is_free(port + i, host) for i in range(1, span)):
+            return port
 
 
 def launch_detached(

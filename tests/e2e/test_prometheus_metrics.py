@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
-from pyflink_aisp.local import find_free_port, port_is_free
+from pyflink_aisp.local import find_free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -24,10 +24,11 @@ RECORDS_OUT = "flink_taskmanager_job_task_operator_aisp_recordsOut"
 
 
 def _two_free_ports(taken: set[int]) -> int:
-    """A port N such that N and N+1 are free and not among ``taken``."""
+    """A port N such that N and N+1 are free, outside the ephemeral range (the TaskManager
+    binds N+1 seconds after the stack's other daemons start) and not among ``taken``."""
     while True:
-        port = find_free_port()
-        if port < 65535 and not {port, port + 1} & taken and port_is_free(port + 1):
+        port = find_free_port(span=2)
+        if not {port, port + 1} & taken:
             return port
 
 

@@ -9,9 +9,11 @@ import sys
 import pytest
 
 from pyflink_aisp.local._procs import (
+    LOOPBACK,
     args_adjacent,
     command_line,
     describe_command,
+    ephemeral_port_range,
     find_free_port,
     find_pids,
     is_alive,
@@ -123,6 +125,39 @@ def test_find_free_port_is_free():
     port = find_free_port()
     assert 1024 < port < 65536
     assert port_is_free(port)
+
+
+def test_find_free_port_avoids_the_ephemeral_range_for_every_port_of_its_span():
+    for _ in range(200):
+        port = find_free_port(span=2, ephemeral=(20_000, 60_999))
+        assert (10_000 <= port and port + 1 < 20_000) or (port > 60_999 and port + 1 <= 65_535), port
+        assert port_is_free(port) and port_is_free(port + 1)
+
+
+def test_find_free_port_skips_ports_in_use():
+    port = find_free_port(span=2)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, port))
+        sock.listen()
+        # the only candidates left: `port` (in use) and `port + 1`
+        for _ in range(20):
+            assert find_free_port(lowest=port, ephemeral=(port + 2, 65_535)) == port + 1
+
+
+def test_find_free_port_span_must_be_positive():
+    with pytest.raises(ValueError, match="span must be >= 1, got 0"):
+        find_free_port(span=0)
+
+
+def test_the_ephemeral_range_is_read_from_the_sysctl_file(tmp_path):
+    good, bad, odd = tmp_path / "good", tmp_path / "bad", tmp_path / "odd"
+    good.write_text("32768\t60999\n")
+    bad.write_text("not numbers\n")
+    odd.write_text("61000 32768\n")
+    assert ephemeral_port_range(good) == (32768, 60999)
+    assert ephemeral_port_range(bad) is None
+    assert ephemeral_port_range(odd) is None
+    assert ephemeral_port_range(tmp_path / "missing") is None
 
 
 def test_wait_until_uses_injected_clock():
