@@ -237,7 +237,7 @@ def find_free_port(host: str = LOOPBACK, *, span: int = 1,
     outgoing connection and port-0 listener (a broker's clients, a JVM's RPC and blob
     servers), so a port picked there can be taken within seconds by an unrelated
     socket: a landing CI run lost a TaskManager's Prometheus port that way. So P is
-    drawn at random from ``[10000, first)`` and ``(last, 65535]`` of that range.
+    drawn at random from ``[lowest, first)`` and ``(last, 65535]`` of that range.
 
     Args:
         host: Address the ports must be free on.
