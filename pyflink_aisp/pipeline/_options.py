@@ -272,7 +272,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("length_buckets", tuple, (), "Ascending token-length bucket bounds, e.g. 16,32,64: a model batch "
        "holds one bucket.", B, unit="tokens", job_param="aisp.batch.length-buckets", nullable=True,
        minimum=1),
-    _o("latency_slo_ms", float, None, "p99 target of the inference operator: shorter bundles (SLO / 15) "
+    _o("latency_slo_ms", float, None, "p99 target of the inference operator: shorter bundles (SLO / 30) "
        "and no ORT spin-wait; the async operator's batch size and wait are tuned online within their "
        "maxima.", B, unit="ms", job_param="aisp.latency-slo-ms",
        nullable=True, minimum=0.001),
@@ -330,7 +330,7 @@ OPTIONS: tuple[Option, ...] = (
        "batch (arrow operator, pandas SQL function); the batcher cuts model batches from it.", W,
        unit="records", minimum=1),
     _o("bundle_time_ms", int, None, "python.fn-execution.bundle.time: longest a result waits in the "
-       "Python worker (default 50, or --latency-slo-ms / 15 within [5, 50]).", W, unit="ms",
+       "Python worker (default 50, or --latency-slo-ms / 30 within [5, 50]).", W, unit="ms",
        nullable=True, minimum=1),
 )
 

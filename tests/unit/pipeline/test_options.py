@@ -440,8 +440,8 @@ def test_breaker_sink_and_restart_flags_out_of_range_exit_2(flags: list[str], ca
 @pytest.mark.parametrize(
     ("options", "bundle_time", "bundle_size", "arrow_batch", "concurrent"),
     [
-        (PipelineOptions(latency_slo_ms=150.0), "10", "4096", "1024", "64"),
-        (PipelineOptions(latency_slo_ms=30.0), "5", "4096", "1024", "64"),
+        (PipelineOptions(latency_slo_ms=150.0), "5", "4096", "1024", "64"),
+        (PipelineOptions(latency_slo_ms=600.0), "20", "4096", "1024", "64"),
         (PipelineOptions(max_batch_size=1, latency_slo_ms=2.0, arrow_batch_size=100),
          "5", "1000", "100", "2"),
         (PipelineOptions(max_batch_size=1, arrow_batch_size=250), "50", "1000", "250", "2"),
@@ -464,8 +464,8 @@ def test_flink_settings_follow_the_options(
     assert int(bundle_size) == max(1000, 4 * options.arrow_batch_size, 8 * size) >= 4 * 2 * size
 
 
-@pytest.mark.parametrize(("slo", "expected"), [(None, 50), (1.0, 5), (30.0, 5), (75.0, 5), (90.0, 6),
-                                                (150.0, 10), (749.0, 49), (750.0, 50), (60_000.0, 50)])
+@pytest.mark.parametrize(("slo", "expected"), [(None, 50), (1.0, 5), (30.0, 5), (150.0, 5), (180.0, 6),
+                                                (300.0, 10), (1499.0, 49), (1500.0, 50), (60_000.0, 50)])
 def test_default_bundle_time(slo: float | None, expected: int) -> None:
     assert default_bundle_time_ms(slo) == expected
 
