@@ -6,7 +6,7 @@ reviews, the same ONNX Runtime settings (``--threads`` intra-op threads, one
 inter-op thread, CPU execution provider) in every case:
 
 - (a) plain ONNX Runtime loop: ``OnnxSentimentModel.predict`` over all texts
-  (length-sorted batches; the batch size is the best of the sweep), plus a
+  (length-sorted batches; the faster of the sweep's two best batch sizes), plus a
   throughput-vs-batch-size sweep on a sample (``_ort_cases.py``);
 - (b) a naive per-record PyFlink general Python UDF, one model call per row,
   and (c) a default pandas UDF, one ``predict`` per Arrow batch, both Table
@@ -121,16 +121,23 @@ def _guarded(results: dict[str, Any], key: str, fn: Any, *args: Any, **kwargs: A
 
 
 def run_ort(args: argparse.Namespace, assets: Any, texts: list[str], results: dict[str, Any]) -> None:
-    """(a): the sweep on a sample, then the plain loop over all texts at the best sorted size."""
+    """(a): the sweep on a sample, then the plain loop over all texts at the sample's two best
+    sorted sizes; the faster is (a)."""
     from _ort_cases import run_plain_loop, sweep_batch_sizes
 
     sample = texts[: args.sweep_texts]
     print(f"[a] batch-size sweep on {len(sample):,} texts ...", flush=True)
     sweep = sweep_batch_sizes(assets, sample, intra_op_threads=args.threads, batch_sizes=SWEEP_SIZES)
     results["sweep"] = {k: {str(s): r for s, r in v.items()} for k, v in sweep.items()}
-    best = max(sweep["sorted"], key=lambda s: sweep["sorted"][s])
-    print(f"[a] plain loop over {len(texts):,} texts, batch {best} ...", flush=True)
-    r = run_plain_loop(assets, texts, intra_op_threads=args.threads, batch_size=best)
+    # The sample's sweep is one noisy pass per size (one run picked 64 over 32, the others 32), so the
+    # two best sizes run on all texts and the faster is the baseline.
+    top = sorted(sweep["sorted"], key=lambda s: sweep["sorted"][s], reverse=True)[:2]
+    runs = []
+    for size in top:
+        print(f"[a] plain loop over {len(texts):,} texts, batch {size} ...", flush=True)
+        runs.append(run_plain_loop(assets, texts, intra_op_threads=args.threads, batch_size=size))
+        print(f"[a] batch {size}: {runs[-1].records_per_s:,.0f} records/s", flush=True)
+    r = max(runs, key=lambda run: run.records_per_s)
     results["throughput"]["a"] = {"records_per_s": r.records_per_s, "rows": r.rows, "seconds": r.seconds,
                                   "batch_size": r.batch_size}
     print(f"[a] {r.records_per_s:,.0f} records/s", flush=True)
