@@ -274,6 +274,7 @@ WHY = [
 def render(results: dict[str, Any]) -> str:
     """The ``## Inference`` markdown section."""
     s = results["settings"]
+    rounds = _rounds_section(results)
     lines = [
         SECTION, "",
         f"`bench/inference_bench.py`: {s['reviews']:,} Rotten Tomatoes reviews, MiniLM sentiment ONNX "
@@ -287,7 +288,7 @@ def render(results: dict[str, Any]) -> str:
         *_sweep_table(results), "", f"![throughput vs batch size]({SWEEP_PNG})", "",
         "### Latency, Kafka in → Kafka out", "", *_latency_table(results), "", *_latency_targets(results), "",
         f"![latency CDF]({CDF_PNG})", "",
-        *(["### Repeated rounds", "", *_rounds_section(results), ""] if _rounds_section(results) else []),
+        *(["### Repeated rounds", "", *rounds, ""] if rounds else []),
         "### Settings and method", "", *_notes(results), "",
         "### What the numbers show, and why", "", *WHY, "",
     ]

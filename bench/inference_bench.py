@@ -310,9 +310,9 @@ def run_streaming(args: argparse.Namespace, assets: Any, texts: list[str], resul
 def run_round(k: int, args: argparse.Namespace, bootstrap: str, assets: Any, texts: list[str],
               results: dict[str, Any], log_dir: Path) -> None:
     """One more round, back to back: (a), (e), and (unless --skip slo/latency) the 30 %
-    load with the SLO, against the first round's base rate. One round's ratio swings by
-    ±5 % on this shared 2-core machine (the plain loop alone by up to 15 % within an
-    hour), so the targets are judged on the median over the rounds."""
+    load with the SLO, against the first round's base rate. One round's ratio ranged
+    0.84-1.03 within one run on this shared 2-core machine (the plain loop alone
+    599-690 records/s), so the targets are judged on the median over the rounds."""
     from _ort_cases import run_plain_loop
 
     print(f"[round {k}] plain loop, job, 30 % load ...", flush=True)
