@@ -41,6 +41,7 @@ test-deploy: install
 
 lint: install
 	$(VENV)/bin/ruff check pyflink_aisp tests jobs bench
+	$(VENV)/bin/lint-imports
 
 typecheck: install
 	$(VENV)/bin/mypy

@@ -44,7 +44,7 @@ class _Timed(ScalarFunction):
         self._sizes: dict[int, int] = {}
 
     def open(self, function_context: FunctionContext) -> None:
-        from pyflink_aisp.inference import OnnxSentimentModel
+        from pyflink_aisp.inference.handlers import OnnxSentimentModel
         from pyflink_aisp.models import load_model_assets
 
         self._model = OnnxSentimentModel(load_model_assets(Path(self._model_dir)),

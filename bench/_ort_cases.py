@@ -40,7 +40,7 @@ class OrtResult:
 
 
 def _model(assets: Any, intra_op_threads: int, batch_size: int) -> Any:
-    from pyflink_aisp.inference import OnnxSentimentModel
+    from pyflink_aisp.inference.handlers import OnnxSentimentModel
 
     model = OnnxSentimentModel(assets, intra_op_num_threads=intra_op_threads, batch_size=batch_size)
     model.predict(["warm-up text for the session and the tokenizer pool"] * min(batch_size, 8))
@@ -90,7 +90,8 @@ def run_runtime_vs_handler(
     """
     import numpy as np
 
-    from pyflink_aisp.inference import BatchingConfig, ModelRuntime, SentimentHandler
+    from pyflink_aisp.inference import BatchingConfig, ModelRuntime
+    from pyflink_aisp.inference.handlers import SentimentHandler
 
     handler = SentimentHandler(assets, intra_op_num_threads=intra_op_threads)
     model = handler.load_model()

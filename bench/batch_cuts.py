@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from pyflink_aisp.datasets import load_rotten_tomatoes
-    from pyflink_aisp.inference import BatchCuts, BatchingConfig, ModelRuntime, SentimentHandler
+    from pyflink_aisp.inference import BatchCuts, BatchingConfig, ModelRuntime
+    from pyflink_aisp.inference.handlers import SentimentHandler
     from pyflink_aisp.models import ensure_model_assets
 
     assets = ensure_model_assets()

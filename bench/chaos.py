@@ -46,14 +46,8 @@ import numpy as np
 from _markdown import replace_section
 from _report import machine
 
-from pyflink_aisp.local import (
-    FailureEvent,
-    FailurePlan,
-    FailureResult,
-    LocalStack,
-    LocalStackConfig,
-    run_chaos,
-)
+from pyflink_aisp.chaos import FailureEvent, FailurePlan, FailureResult, run_chaos
+from pyflink_aisp.local import LocalStack, LocalStackConfig
 from pyflink_aisp.models import ensure_model_assets
 
 ROOT = Path(__file__).resolve().parent.parent

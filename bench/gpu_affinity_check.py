@@ -127,7 +127,7 @@ def score_on_leased_gpu(lease: Any, args: argparse.Namespace) -> int:
         f"torch sees {torch.cuda.device_count()} device(s); cuda:0 = {props.name} uuid "
         f"{getattr(props, 'uuid', '?')} (lease {lease.device})"
     )
-    from pyflink_aisp.inference import TorchSentimentHandler
+    from pyflink_aisp.inference.handlers import TorchSentimentHandler
     from pyflink_aisp.models import ensure_model_assets, load_model_assets
 
     assets = load_model_assets(args.model_dir) if args.model_dir else ensure_model_assets()

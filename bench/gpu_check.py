@@ -124,8 +124,8 @@ def load_texts(count: int) -> list[str]:
 
 def backends(assets: Any, args: argparse.Namespace) -> list[tuple[str, str, Any]]:
     """``(backend, device, handler)`` in table order; GPU ones unless ``--cpu-only``."""
-    from pyflink_aisp.inference import SentimentHandler
-    from pyflink_aisp.inference._torch import TorchSentimentHandler
+    from pyflink_aisp.inference.handlers import SentimentHandler
+    from pyflink_aisp.inference.handlers._torch import TorchSentimentHandler
 
     threads = args.cpu_threads
     chosen = [

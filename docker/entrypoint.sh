@@ -2,7 +2,7 @@
 # Entrypoint of the pyflink-aisp images (docker/Dockerfile) and of the Flink
 # Kubernetes Operator's pods. Every role is configured by pyflink_aisp.local, the
 # code that configures the local stack (`aisp local up`), from AISP_* variables
-# (pyflink_aisp/local/_container.py: CONTAINER_ENV):
+# (pyflink_aisp/deploy/_container.py: CONTAINER_ENV):
 #   entrypoint.sh jobmanager|taskmanager|kafka|submit   configure, then run the role in the foreground
 #   entrypoint.sh config ROLE                           only write the role's config (tests run this)
 #   entrypoint.sh kubernetes-jobmanager.sh ...          native Kubernetes (operator): Flink's own bin/ script

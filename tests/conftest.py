@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A broker for the integration tests; the Flink connector jar cache is filled first
     (jobs find it there, as after `aisp local jars`)."""
-    from pyflink_aisp.local import flink_connector_jars
+    from pyflink_aisp.jars import flink_connector_jars
 
     flink_connector_jars()
     env = os.environ.get("KAFKA_BOOTSTRAP")

@@ -54,10 +54,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyflink_aisp.checksums import sha256_file, verify_sha256
 from pyflink_aisp.datasets import Review, load_rotten_tomatoes, split_reviews
 from pyflink_aisp.errors import ConfigError, ModelError
 from pyflink_aisp.inference import ModelHandler
-from pyflink_aisp.models import sha256_file, verify_sha256
 
 __all__ = ["Lexicon", "LexiconSentimentHandler", "main", "train_lexicon", "words"]
 

@@ -12,6 +12,7 @@ the GPU host of ``bench/gpu_affinity_check.py``).
 
 from typing import TYPE_CHECKING, Any
 
+from pyflink_aisp.affinity._cli import add_affinity_commands
 from pyflink_aisp.affinity._nvml import discover, discover_nvml
 from pyflink_aisp.affinity._placement import (
     WEIGHTS,
@@ -85,6 +86,7 @@ __all__ = [
     "Scored",
     "Topology",
     "WorkerAffinity",
+    "add_affinity_commands",
     "apply_lease",
     "candidates",
     "discover",

@@ -84,10 +84,10 @@ def _cmd_topology(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from pyflink_aisp._home import aisp_home
     from pyflink_aisp.affinity._app import serve
     from pyflink_aisp.affinity._token import resolve_token
     from pyflink_aisp.errors import ConfigError
+    from pyflink_aisp.home import aisp_home
 
     token = None if args.no_auth else resolve_token(args.token_file)
     if token is None and not args.no_auth:

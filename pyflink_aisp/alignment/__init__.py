@@ -13,7 +13,14 @@
 
 from __future__ import annotations
 
-from pyflink_aisp.alignment._checkpoint import CheckpointPosition, checkpoint_offsets, job_id_named
+from pyflink_aisp.alignment._checkpoint import (
+    CheckpointPosition,
+    checkpoint_offsets,
+    completed_checkpoint,
+    job_id_named,
+    job_state,
+)
+from pyflink_aisp.alignment._compare import verify_manifests
 from pyflink_aisp.alignment._manifest import (
     OutcomeTracker,
     OutputSummary,
@@ -58,8 +65,10 @@ __all__ = [
     "checkpoint_offsets",
     "code_version",
     "compare_outputs",
+    "completed_checkpoint",
     "file_sha256",
     "job_id_named",
+    "job_state",
     "multiset_digest",
     "parse_bound",
     "read_range",
@@ -67,4 +76,5 @@ __all__ = [
     "resolve_range",
     "summarize_outputs",
     "topic_offsets",
+    "verify_manifests",
 ]

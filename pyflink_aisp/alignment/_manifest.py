@@ -51,7 +51,7 @@ def code_version() -> str:
         text = f"pyflink-aisp {version('pyflink-aisp')}"
     except PackageNotFoundError:
         text = "pyflink-aisp (not installed)"
-    from pyflink_aisp._home import project_root
+    from pyflink_aisp.home import project_root
 
     root = project_root()
     head = root / ".git" / "HEAD" if root else None

@@ -34,8 +34,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyflink_aisp._home import aisp_home, project_root
 from pyflink_aisp.errors import EnvironmentSetupError
+from pyflink_aisp.home import aisp_home, project_root
 
 __all__ = [
     "ENV_ARCHIVE_TARGET",

@@ -23,10 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyflink_aisp._home import aisp_home, project_root
+from pyflink_aisp.checksums import sha256_file
 from pyflink_aisp.deploy._env import ENV_ARCHIVE_TARGET, EnvArchive, ensure_env_archive
 from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
-from pyflink_aisp.models import ModelAssets, ensure_model_assets, load_model_assets, sha256_file
+from pyflink_aisp.home import aisp_home, project_root
+from pyflink_aisp.models import ModelAssets, ensure_model_assets, load_model_assets
 
 __all__ = ["JobPackage", "build_package", "default_package_dir"]
 
@@ -107,7 +108,7 @@ def build_package(
         EnvironmentSetupError: As :func:`ensure_env_archive`, or the job file is missing.
         ModelError: The model assets are missing or fail their checksums.
     """
-    from pyflink_aisp.local import flink_connector_jars
+    from pyflink_aisp.jars import flink_connector_jars
 
     root = project_root()
     source_job = root / "jobs" / _JOB if root is not None else None

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
-from pyflink_aisp.local import JarKind, LocalStack, ensure_jars, flink_connector_jars, pyflink_home
+from pyflink_aisp.jars import JarKind, ensure_jars, flink_connector_jars
+from pyflink_aisp.local import LocalStack, pyflink_home
 
 __all__ = ["SqlRun", "job_ids", "run_sql", "sql_client_command"]
 

@@ -44,9 +44,9 @@ import numpy.typing as npt
 from pyflink_aisp.errors import AispError, InferenceError, ModelError
 from pyflink_aisp.inference._batcher import BatchReport, MicroBatcher
 from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
-from pyflink_aisp.inference._metrics import Window, register_window, version_number
 from pyflink_aisp.inference._queue import BatchingConfig
 from pyflink_aisp.inference._swap import ModelPointer, ModelSwapConfig, read_pointer
+from pyflink_aisp.inference.metrics import Window, register_window, version_number
 
 __all__ = ["Inferred", "ModelRuntime", "handler_key"]
 
@@ -239,7 +239,7 @@ class ModelRuntime:
         return self._swap
 
     def bind_metrics(self, group: Any) -> None:
-        """Register this runtime's gauges (see :mod:`pyflink_aisp.inference._metrics`)
+        """Register this runtime's gauges (see :mod:`pyflink_aisp.inference.metrics`)
         on a PyFlink metric group."""
         stats, swap = self.batcher.stats, self._swap
         gauges = {

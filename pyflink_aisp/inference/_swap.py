@@ -28,8 +28,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyflink_aisp.checksums import is_sha256_hex, sha256_file
 from pyflink_aisp.errors import ConfigError, ModelError
-from pyflink_aisp.models._checksum import is_sha256_hex, sha256_file
 
 __all__ = ["ModelPointer", "ModelSwapConfig", "publish_model", "read_pointer"]
 

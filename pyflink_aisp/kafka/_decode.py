@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyflink_aisp.errors import DecodeError
-from pyflink_aisp.pipeline._outcome import MAX_DEAD_LETTER_VALUE_BYTES, DeadLettered, Reason
+from pyflink_aisp.outcome import MAX_DEAD_LETTER_VALUE_BYTES, DeadLettered, Reason
 
 __all__ = [
     "MAX_DEAD_LETTER_VALUE_BYTES",
@@ -80,7 +80,7 @@ class DeadLetter:
                             partition=self.source.partition, offset=self.source.offset, value=self.value)
 
     def to_json(self) -> str:
-        """The DLQ record value (schema: :mod:`pyflink_aisp.pipeline._outcome`)."""
+        """The DLQ record value (schema: :mod:`pyflink_aisp.outcome`)."""
         return self.outcome().to_json()
 
 

@@ -74,7 +74,7 @@ class TransactionInfo:
 
 
 def _kafka_tools_command(servers: str, *args: str, timeout_s: float) -> str:
-    from pyflink_aisp.local._jars import JarKind, ensure_jars, require_tools
+    from pyflink_aisp.jars import JarKind, ensure_jars, require_tools
 
     java = require_tools("java")["java"]
     classpath = ":".join(str(j) for j in ensure_jars(JarKind.KAFKA_BROKER))

@@ -9,42 +9,23 @@ Typical use (tests, notebooks)::
 
 Jars (Kafka broker classpath, Flink Kafka connector) come from Maven Central via
 the poms in ``connectors/`` and are cached under ``<aisp_home>/jars``
-(:func:`ensure_jars`). Jobs load the connector with
+(:func:`pyflink_aisp.jars.ensure_jars`). Jobs load the connector with
 ``pipeline.jars = pipeline_jars_value()`` and are submitted with
 ``subprocess.run(flink_run_command("job.py"), env=flink_env())``.
+
+Only the dev stack lives here: the production image's container roles are in
+:mod:`pyflink_aisp.deploy`, the failure-injection harness in :mod:`pyflink_aisp.chaos`.
 """
 
-from pyflink_aisp.local._chaos import JobProgress, job_progress, kill_taskmanager, wait_recovered
-from pyflink_aisp.local._chaos_run import FailureEvent, FailurePlan, FailureResult, run_chaos
 from pyflink_aisp.local._cli import add_local_commands, run_jars_command, run_local_command
-from pyflink_aisp.local._container import (
-    ImageRole,
-    add_container_commands,
-    configure_role,
-    container_flink_config,
-    container_kafka_config,
-    role_command,
-    submit_command,
-    wait_for_services,
-)
 from pyflink_aisp.local._flink import FlinkCluster, flink_overview
 from pyflink_aisp.local._flink_config import (
     FlinkClusterConfig,
     daemon_env,
-    flink_env,
-    flink_run_command,
     prometheus_settings,
     pyflink_home,
     render_flink_config,
     write_flink_conf_dir,
-)
-from pyflink_aisp.local._jars import (
-    JarKind,
-    connectors_dir,
-    ensure_jars,
-    flink_connector_jars,
-    pipeline_jars_value,
-    require_tools,
 )
 from pyflink_aisp.local._kafka import (
     KafkaBroker,
@@ -53,7 +34,7 @@ from pyflink_aisp.local._kafka import (
     render_kafka_log4j2,
     render_server_properties,
 )
-from pyflink_aisp.local._procs import find_free_port, port_is_free
+from pyflink_aisp.local._procs import find_free_port, port_is_free, wait_until
 from pyflink_aisp.local._stack import (
     ENV_VARS,
     LocalStack,
@@ -61,44 +42,30 @@ from pyflink_aisp.local._stack import (
     ServiceStatus,
     StackStatus,
     default_state_dir,
+    flink_env,
+    flink_run_command,
 )
 from pyflink_aisp.local._workers import orphaned_workers, python_workers, reap_processes
 
 __all__ = [
     "ENV_VARS",
-    "FailureEvent",
-    "FailurePlan",
-    "FailureResult",
     "FlinkCluster",
     "FlinkClusterConfig",
-    "ImageRole",
-    "JarKind",
-    "JobProgress",
     "KafkaBroker",
     "KafkaBrokerConfig",
     "LocalStack",
     "LocalStackConfig",
     "ServiceStatus",
     "StackStatus",
-    "add_container_commands",
     "add_local_commands",
     "broker_answers",
-    "configure_role",
-    "connectors_dir",
-    "container_flink_config",
-    "container_kafka_config",
     "daemon_env",
     "default_state_dir",
-    "ensure_jars",
     "find_free_port",
-    "flink_connector_jars",
     "flink_env",
     "flink_overview",
     "flink_run_command",
-    "job_progress",
-    "kill_taskmanager",
     "orphaned_workers",
-    "pipeline_jars_value",
     "port_is_free",
     "prometheus_settings",
     "pyflink_home",
@@ -107,13 +74,8 @@ __all__ = [
     "render_flink_config",
     "render_kafka_log4j2",
     "render_server_properties",
-    "require_tools",
-    "role_command",
-    "run_chaos",
     "run_jars_command",
     "run_local_command",
-    "submit_command",
-    "wait_for_services",
-    "wait_recovered",
+    "wait_until",
     "write_flink_conf_dir",
 ]

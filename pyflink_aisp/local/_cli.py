@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pyflink_aisp.errors import AispError
+from pyflink_aisp.jars import JarKind, ensure_jars
 from pyflink_aisp.local._flink_config import MAX_TASKMANAGERS, pyflink_home
-from pyflink_aisp.local._jars import JarKind, ensure_jars
 from pyflink_aisp.local._stack import ENV_VARS, LocalStack, LocalStackConfig
 
 __all__ = ["add_local_commands", "run_jars_command", "run_local_command"]

@@ -18,16 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from pyflink_aisp.errors import EnvironmentSetupError, ServiceError
+from pyflink_aisp.jars import require_tools
 from pyflink_aisp.local._flink_config import (
     IDENT,
     FlinkClusterConfig,
+    cluster_env,
+    cluster_run_command,
     daemon_env,
-    flink_env,
-    flink_run_command,
     pyflink_home,
     write_flink_conf_dir,
 )
-from pyflink_aisp.local._jars import require_tools
 from pyflink_aisp.local._procs import (
     args_adjacent,
     find_pids,
@@ -97,11 +97,11 @@ class FlinkCluster:
 
     def env(self) -> dict[str, str]:
         """Environment for PyFlink's ``bin/`` scripts aimed at this cluster."""
-        return flink_env(self.config)
+        return cluster_env(self.config)
 
     def run_command(self, job_py: str | os.PathLike[str], *args: str) -> list[str]:
         """argv of ``flink run -py`` for this cluster (run it with :meth:`env`)."""
-        return flink_run_command(job_py, *args, config=self.config)
+        return cluster_run_command(job_py, *args, config=self.config)
 
     def pid_files(self) -> list[Path]:
         """The daemon pid files (JobManager, TaskManager)."""

@@ -27,9 +27,9 @@ from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
 __all__ = [
     "PROMETHEUS_FACTORY",
     "FlinkClusterConfig",
+    "cluster_env",
+    "cluster_run_command",
     "daemon_env",
-    "flink_env",
-    "flink_run_command",
     "prometheus_settings",
     "pyflink_home",
     "render_flink_config",
@@ -382,21 +382,17 @@ def _require_prometheus_plugin() -> None:
         )
 
 
-def flink_env(config: FlinkClusterConfig | None = None) -> dict[str, str]:
+def cluster_env(config: FlinkClusterConfig) -> dict[str, str]:
     """Environment for PyFlink's ``bin/`` scripts (``flink``, ``start-cluster.sh``, ...).
 
     Args:
-        config: Cluster settings; default: the local stack's (``AISP_*`` variables,
-            ports of the last ``aisp local up``).
+        config: Cluster settings (:func:`pyflink_aisp.local.flink_env` defaults them
+            to the local stack's).
 
     Returns:
         A copy of ``os.environ`` with FLINK_HOME/CONF/LOG/PID dirs and
         ``FLINK_IDENT_STRING`` set for this cluster.
     """
-    if config is None:
-        from pyflink_aisp.local._stack import LocalStack
-
-        config = LocalStack().flink_config()
     home = pyflink_home()
     env = dict(os.environ)
     env.update(
@@ -416,7 +412,7 @@ def flink_env(config: FlinkClusterConfig | None = None) -> dict[str, str]:
 
 
 def daemon_env(config: FlinkClusterConfig) -> dict[str, str]:
-    """Environment the cluster's daemons start with: :func:`flink_env`, ``FLINK_LIB_DIR`` set
+    """Environment the cluster's daemons start with: :func:`cluster_env`, ``FLINK_LIB_DIR`` set
     to ``config.lib_dir`` once :func:`write_flink_lib_dir` wrote it, and with
     ``isolated_python`` without any trace of this client's Python environment.
 
@@ -426,7 +422,7 @@ def daemon_env(config: FlinkClusterConfig) -> dict[str, str]:
     ``python_executable``, so a Python worker finds no project packages unless its
     job ships them (``flink run -pyarch``).
     """
-    env = flink_env(config)
+    env = cluster_env(config)
     if config.lib_dir.is_dir():
         env["FLINK_LIB_DIR"] = str(config.lib_dir)
     if not config.isolated_python:
@@ -441,22 +437,17 @@ def daemon_env(config: FlinkClusterConfig) -> dict[str, str]:
     return env
 
 
-def flink_run_command(
-    job_py: str | os.PathLike[str], *args: str, config: FlinkClusterConfig | None = None
-) -> list[str]:
-    """argv for ``flink run -py job.py args...`` against the local cluster.
+def cluster_run_command(job_py: str | os.PathLike[str], *args: str, config: FlinkClusterConfig) -> list[str]:
+    """argv for ``flink run -py job.py args...`` against the cluster of ``config``.
 
-    Run it with ``env=flink_env(config)``.
+    Run it with ``env=cluster_env(config)``.
 
     Args:
         job_py: The PyFlink job script.
         args: Arguments passed on to the job.
-        config: Cluster settings; default: as :func:`flink_env`.
+        config: Cluster settings (:func:`pyflink_aisp.local.flink_run_command` defaults
+            them to the local stack's).
     """
-    if config is None:
-        from pyflink_aisp.local._stack import LocalStack
-
-        config = LocalStack().flink_config()
     py = config.python_executable
     return [
         str(pyflink_home() / "bin" / "flink"), "run", "-m", f"localhost:{config.rest_port}",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pyflink_aisp.errors import ConfigError, ServiceError
-from pyflink_aisp.local._jars import JarKind, ensure_jars, require_tools
+from pyflink_aisp.jars import JarKind, ensure_jars, require_tools
 from pyflink_aisp.local._procs import (
     LOOPBACK,
     args_adjacent,

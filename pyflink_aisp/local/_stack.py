@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pyflink_aisp._home import aisp_home
 from pyflink_aisp.errors import ConfigError, EnvironmentSetupError, ServiceError
+from pyflink_aisp.home import aisp_home
+from pyflink_aisp.jars import flink_connector_jars
 from pyflink_aisp.local._flink import FlinkCluster
-from pyflink_aisp.local._flink_config import FlinkClusterConfig
-from pyflink_aisp.local._jars import flink_connector_jars
+from pyflink_aisp.local._flink_config import FlinkClusterConfig, cluster_env, cluster_run_command
 from pyflink_aisp.local._kafka import KafkaBroker, KafkaBrokerConfig
 from pyflink_aisp.local._procs import find_free_port
 from pyflink_aisp.local._workers import orphaned_workers, python_workers, reap_processes
@@ -32,6 +32,8 @@ __all__ = [
     "ServiceStatus",
     "StackStatus",
     "default_state_dir",
+    "flink_env",
+    "flink_run_command",
 ]
 
 #: Environment variables read by :meth:`LocalStackConfig.from_env`, by field.
@@ -485,3 +487,31 @@ class LocalStack:
                 yield
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def flink_env(config: FlinkClusterConfig | None = None) -> dict[str, str]:
+    """Environment for PyFlink's ``bin/`` scripts (``flink``, ``start-cluster.sh``, ...).
+
+    Args:
+        config: Cluster settings; default: the local stack's (``AISP_*`` variables,
+            ports of the last ``aisp local up``).
+
+    Returns:
+        A copy of ``os.environ`` with FLINK_HOME/CONF/LOG/PID dirs and
+        ``FLINK_IDENT_STRING`` set for this cluster.
+    """
+    return cluster_env(config or LocalStack().flink_config())
+
+
+def flink_run_command(
+    job_py: str | os.PathLike[str], *args: str, config: FlinkClusterConfig | None = None
+) -> list[str]:
+    """argv for ``flink run -py job.py args...`` against the local cluster (run it with
+    ``env=flink_env(config)``).
+
+    Args:
+        job_py: The PyFlink job script.
+        args: Arguments passed on to the job.
+        config: Cluster settings; default: as :func:`flink_env`.
+    """
+    return cluster_run_command(job_py, *args, config=config or LocalStack().flink_config())

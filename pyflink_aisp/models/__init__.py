@@ -1,7 +1,7 @@
 """Building the real model assets (ONNX graph, sentiment head) with checksums.
 
 Public API: :func:`ensure_model_assets` → :class:`ModelAssets`,
-:func:`load_model_assets`, :func:`sha256_file`, :func:`verify_sha256`,
+:func:`load_model_assets`,
 :func:`build_encoder_model`, :func:`append_sentiment_head`,
 :func:`locate_source_model`, :class:`BertConfig`, :func:`build_main`.
 """
@@ -9,7 +9,6 @@ Public API: :func:`ensure_model_assets` → :class:`ModelAssets`,
 from __future__ import annotations
 
 from pyflink_aisp.models._assets import ModelAssets, assets_dir_name, ensure_model_assets, load_model_assets
-from pyflink_aisp.models._checksum import sha256_file, verify_sha256
 from pyflink_aisp.models._cli import build_main
 from pyflink_aisp.models._onnx_graph import (
     EMBEDDING_OUTPUT,
@@ -42,6 +41,4 @@ __all__ = [
     "load_model_assets",
     "locate_paraphrase_minilm",
     "locate_source_model",
-    "sha256_file",
-    "verify_sha256",
 ]

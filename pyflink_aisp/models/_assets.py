@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pyflink_aisp._home import aisp_home
+from pyflink_aisp.checksums import is_sha256_hex, verify_sha256
 from pyflink_aisp.errors import ConfigError, ModelError
+from pyflink_aisp.home import aisp_home
 from pyflink_aisp.models._build import MANIFEST_NAME, Recipe, build_assets
-from pyflink_aisp.models._checksum import is_sha256_hex, verify_sha256
 from pyflink_aisp.models._source import locate_source_model
 
 __all__ = ["ModelAssets", "assets_dir_name", "ensure_model_assets", "load_model_assets"]

@@ -30,6 +30,7 @@ import onnx
 import onnxruntime as ort
 from sklearn.linear_model import LogisticRegression
 
+from pyflink_aisp.checksums import sha256_file
 from pyflink_aisp.datasets import (
     DEFAULT_SPLIT_SEED,
     Review,
@@ -38,7 +39,6 @@ from pyflink_aisp.datasets import (
     split_reviews,
 )
 from pyflink_aisp.errors import ConfigError, ModelError
-from pyflink_aisp.models._checksum import sha256_file
 from pyflink_aisp.models._embed import run_in_buckets
 from pyflink_aisp.models._onnx_graph import (
     EMBEDDING_OUTPUT,

@@ -33,8 +33,8 @@ import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyflink_aisp.checksums import verify_sha256
 from pyflink_aisp.errors import ModelError
-from pyflink_aisp.models._checksum import verify_sha256
 from pyflink_aisp.models._source import locate_source_model
 
 __all__ = [

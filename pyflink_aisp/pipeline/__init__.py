@@ -1,9 +1,10 @@
 """The Flink edge of pyflink-aisp, in one place.
 
 PyFlink-free (importable anywhere): the options table (:data:`OPTIONS`,
-:class:`Option`, :class:`PipelineOptions`, :func:`flink_settings`), the
-outcome of a record (:class:`Reason`, :class:`DeadLettered`), and the
-connector-jar lookup (:func:`connector_jars`). The Flink parts import PyFlink:
+:class:`Option`, :class:`PipelineOptions`, :func:`flink_settings`) and the
+input plan (:func:`plan_input`). A record's outcome lives on the ground floor
+(:mod:`pyflink_aisp.outcome`), the connector-jar lookup too (:mod:`pyflink_aisp.jars`).
+The Flink parts import PyFlink:
 :mod:`pyflink_aisp.pipeline.flink` (``build_pipeline`` and the DataStream /
 Arrow operators) and :mod:`pyflink_aisp.pipeline.sql` (the SQL functions).
 """
@@ -17,29 +18,23 @@ from pyflink_aisp.pipeline._config import (
     flink_settings,
     format_job_parameters,
 )
-from pyflink_aisp.pipeline._connector import CONNECTOR_JARS_ENV, connector_jars
+from pyflink_aisp.pipeline._identity import live_jobs_named
 from pyflink_aisp.pipeline._options import OPTIONS, Option, OptionGroup, Runner, option
-from pyflink_aisp.pipeline._outcome import MAX_DEAD_LETTER_VALUE_BYTES, DeadLettered, Reason, reason_of
 from pyflink_aisp.pipeline._plan import InputPlan, plan_input, rest_url
 
 __all__ = [
-    "CONNECTOR_JARS_ENV",
-    "MAX_DEAD_LETTER_VALUE_BYTES",
     "MODEL_DIR_ENV",
     "OPTIONS",
-    "DeadLettered",
     "InputPlan",
     "Option",
     "OptionGroup",
     "PipelineOptions",
-    "Reason",
     "Runner",
-    "connector_jars",
     "default_bundle_time_ms",
     "flink_settings",
     "format_job_parameters",
+    "live_jobs_named",
     "option",
     "plan_input",
-    "reason_of",
     "rest_url",
 ]

@@ -43,11 +43,11 @@ from pyflink_aisp.inference import (
     ModelHandler,
     ModelRuntime,
     ModelSwapConfig,
+    handler_key,
 )
-from pyflink_aisp.inference._metrics import Window, bind_breaker_metrics, register_window
-from pyflink_aisp.inference._runtime import handler_key
+from pyflink_aisp.inference.metrics import Window, bind_breaker_metrics, register_window
 from pyflink_aisp.kafka import DeadLetter, DecodedRecord, decode_record
-from pyflink_aisp.pipeline._outcome import (
+from pyflink_aisp.outcome import (
     DEFAULT_MAX_RECORD_BYTES,
     MIN_RECORD_BYTES,
     DeadLettered,

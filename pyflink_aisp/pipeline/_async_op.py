@@ -30,9 +30,9 @@ from pyflink_aisp.inference import (
     ModelHandler,
     ModelRuntime,
     ModelSwapConfig,
+    handler_key,
 )
-from pyflink_aisp.inference._metrics import Window, bind_breaker_metrics, register_window
-from pyflink_aisp.inference._runtime import handler_key
+from pyflink_aisp.inference.metrics import Window, bind_breaker_metrics, register_window
 
 __all__ = ["BatchedInferenceFunction"]
 
@@ -67,7 +67,7 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         affinity: GPU affinity lease taken in ``open()`` before the model loads
             (:func:`~pyflink_aisp.affinity.open_affinity`); None: none.
 
-    Metrics: see :mod:`pyflink_aisp.inference._metrics` (group ``aisp``).
+    Metrics: see :mod:`pyflink_aisp.inference.metrics` (group ``aisp``).
     """
 
     def __getstate__(self) -> dict[str, Any]:

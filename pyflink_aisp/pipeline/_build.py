@@ -34,6 +34,7 @@ from pyflink.table.expressions import col, lit, map_
 
 from pyflink_aisp.errors import ConfigError, KafkaError
 from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.jars import connector_jars
 from pyflink_aisp.kafka import (
     JOB_HEADER,
     SOURCE_HEADER,
@@ -47,14 +48,13 @@ from pyflink_aisp.kafka import (
     sink_record_limit,
 )
 from pyflink_aisp.kafka.flink import UndecodableRecord, decode_row
+from pyflink_aisp.outcome import MIN_RECORD_BYTES, DeadLettered, render_dead_letter, render_scored
 from pyflink_aisp.pipeline._arrow_op import ArrowInferenceFunction, arrow_inference_udf
 from pyflink_aisp.pipeline._async_op import BatchedInferenceFunction
 from pyflink_aisp.pipeline._config import PipelineOptions, flink_settings
-from pyflink_aisp.pipeline._connector import connector_jars
 from pyflink_aisp.pipeline._handlers import handler_for
 from pyflink_aisp.pipeline._identity import check_no_live_job
 from pyflink_aisp.pipeline._options import Runner
-from pyflink_aisp.pipeline._outcome import MIN_RECORD_BYTES, DeadLettered, render_dead_letter, render_scored
 from pyflink_aisp.pipeline._plan import InputPlan, plan_input
 from pyflink_aisp.pipeline._preflight import (
     check_connector_jars,

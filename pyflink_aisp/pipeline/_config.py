@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from pyflink_aisp.affinity import AffinityPolicy, AffinitySettings
+from pyflink_aisp.alignment import parse_bound
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference import BatchCuts, BatchingConfig, BreakerConfig, ModelSwapConfig, Pooling
-from pyflink_aisp.inference._torch import parse_torch_device
+from pyflink_aisp.inference import BatchCuts, BatchingConfig, BreakerConfig, ModelSwapConfig
+from pyflink_aisp.inference.handlers import Pooling, parse_torch_device
 from pyflink_aisp.pipeline._options import (
     OPTIONS,
     GpuProvider,
@@ -131,8 +132,6 @@ class PipelineOptions:
                               f"got {self.startup_mode!r}")
         if self.startup_mode is not None and self.range_start is not None:
             raise ConfigError("--range-start and --startup-mode both say where reading starts: give one")
-        from pyflink_aisp.alignment import parse_bound
-
         for flag, bound in (("--range-start", self.range_start), ("--range-end", self.range_end)):
             if bound is not None:
                 try:

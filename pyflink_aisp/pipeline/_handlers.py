@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyflink_aisp.inference import (
+from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.inference.handlers import (
     ExecutionProvider,
-    ModelHandler,
     OnnxEncoderHandler,
     SentimentHandler,
     TorchSentimentHandler,
 )
+from pyflink_aisp.models import ensure_model_assets, load_model_assets
 from pyflink_aisp.pipeline._config import PipelineOptions
 from pyflink_aisp.pipeline._options import GpuProvider, InferenceRuntime
 
@@ -25,8 +26,6 @@ def model_assets(options: PipelineOptions) -> Any:
         ModelError: The directory has no valid manifest or the build failed.
         ChecksumError: A file differs from its manifest.
     """
-    from pyflink_aisp.models import ensure_model_assets, load_model_assets
-
     directory = options.resolved_model_dir
     return load_model_assets(directory) if directory is not None else ensure_model_assets()
 
@@ -36,7 +35,7 @@ def onnx_providers(options: PipelineOptions) -> tuple[tuple[ExecutionProvider, .
     CPU only for ``cpu``; for ``cuda:N`` CUDA (or TensorRT then CUDA) on device N,
     without the CPU provider (ORT places the nodes no GPU provider takes on the
     CPU itself; a GPU that fails to initialise fails the load, see
-    :func:`~pyflink_aisp.inference._onnx.open_session`)."""
+    :func:`~pyflink_aisp.inference.handlers._onnx.open_session`)."""
     device = options.resolved_device
     if device == "cpu":
         return (ExecutionProvider.CPU,), None

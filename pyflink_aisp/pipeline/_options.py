@@ -27,7 +27,8 @@ from typing import Any
 
 from pyflink_aisp.affinity import AffinityPolicy
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference import BatchCuts, Pooling
+from pyflink_aisp.inference import BatchCuts
+from pyflink_aisp.inference.handlers import Pooling
 
 __all__ = ["OPTIONS", "GpuProvider", "InferenceRuntime", "Option", "OptionGroup", "Precision", "Runner",
            "option", "options_markdown", "parse_value"]

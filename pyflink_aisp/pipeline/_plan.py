@@ -14,13 +14,22 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from pyflink_aisp.alignment import (
+    Bound,
+    BoundKind,
+    OutcomeTracker,
+    TopicOffsets,
+    TopicRange,
+    checkpoint_offsets,
+    parse_bound,
+    resolve_bound,
+    resolve_range,
+    topic_offsets,
+)
 from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.kafka import default_bootstrap_servers, list_topics
 from pyflink_aisp.pipeline._config import PipelineOptions
-
-if TYPE_CHECKING:  # pyflink_aisp.alignment imports pyflink_aisp.kafka, which imports this package
-    from pyflink_aisp.alignment import TopicOffsets, TopicRange
 
 __all__ = ["InputPlan", "group_or_earliest", "plan_input", "rest_url", "resume_offsets"]
 
@@ -36,7 +45,6 @@ class InputPlan:
         stream_starts: Where a stream starts (resolved now; its manifests count
             from there), None in BATCH mode.
     """
-
     starts: dict[int, int] | None = None
     span: TopicRange | None = None
     stream_starts: dict[int, int] | None = None
@@ -56,8 +64,6 @@ def rest_url(options: PipelineOptions, config: Mapping[str, str] | None = None) 
 
 def group_or_earliest(servers: str, group: str, offsets: TopicOffsets) -> dict[int, int]:
     """The group's committed offsets; the log start where it committed none (a new group)."""
-    from pyflink_aisp.alignment import Bound, BoundKind, resolve_bound
-
     try:
         return resolve_bound(Bound(kind=BoundKind.GROUP, arg=group), servers, offsets)
     except ConfigError:
@@ -80,9 +86,6 @@ def resume_offsets(options: PipelineOptions, servers: str, offsets: TopicOffsets
     Raises:
         KafkaError: A topic cannot be read.
     """
-    from pyflink_aisp.alignment import OutcomeTracker
-    from pyflink_aisp.kafka import list_topics
-
     starts = group_or_earliest(servers, options.group, offsets)
     if not {str(options.output_topic), options.dlq} <= list_topics(servers):
         return starts  # a first run: nothing written yet
@@ -110,18 +113,6 @@ def plan_input(options: PipelineOptions, *, config: Mapping[str, str] | None = N
             or names a job without a completed checkpoint.
         KafkaError: The topic does not exist or the broker does not answer.
     """
-    from pyflink_aisp.alignment import (
-        Bound,
-        BoundKind,
-        TopicRange,
-        checkpoint_offsets,
-        parse_bound,
-        resolve_bound,
-        resolve_range,
-        topic_offsets,
-    )
-    from pyflink_aisp.kafka import default_bootstrap_servers
-
     if not options.input_topic:
         raise ConfigError("the job needs --input-topic")
     servers = options.bootstrap_servers or default_bootstrap_servers()

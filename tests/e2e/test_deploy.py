@@ -20,7 +20,7 @@ import yaml
 
 from pyflink_aisp.alignment import compare_outputs
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.inference import OnnxSentimentModel
+from pyflink_aisp.inference.handlers import OnnxSentimentModel
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
 from pyflink_aisp.local import LocalStack, daemon_env, flink_overview
 

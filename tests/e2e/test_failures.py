@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pyflink_aisp.chaos import FailurePlan, kill_taskmanager, run_chaos, wait_recovered
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
-from pyflink_aisp.local import FailurePlan, kill_taskmanager, run_chaos, wait_recovered
 from pyflink_aisp.local._flink import FlinkCluster
 from pyflink_aisp.local._procs import read_pid_file
 

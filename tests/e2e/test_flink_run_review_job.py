@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.inference import OnnxSentimentModel
+from pyflink_aisp.inference.handlers import OnnxSentimentModel
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
 
 pytestmark = pytest.mark.e2e

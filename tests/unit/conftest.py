@@ -8,13 +8,8 @@ import numpy as np
 import onnx
 import pytest
 
-from pyflink_aisp.models import (
-    ModelAssets,
-    append_sentiment_head,
-    build_encoder_model,
-    locate_source_model,
-    sha256_file,
-)
+from pyflink_aisp.checksums import sha256_file
+from pyflink_aisp.models import ModelAssets, append_sentiment_head, build_encoder_model, locate_source_model
 
 
 @pytest.fixture(scope="session")

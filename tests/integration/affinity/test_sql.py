@@ -30,7 +30,7 @@ def test_sql_function_instances_lease_and_release(
     settled, check_numa_spread = affinity_checks
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
-    from pyflink_aisp.local import pipeline_jars_value
+    from pyflink_aisp.jars import pipeline_jars_value
 
     cpus = sorted(os.sched_getaffinity(0))
     nodes = [cpus[: len(cpus) // 2], cpus[len(cpus) // 2 :]] if len(cpus) > 1 else [cpus]

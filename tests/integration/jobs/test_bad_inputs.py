@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.inference import OnnxSentimentModel, SentimentHandler
+from pyflink_aisp.inference.handlers import OnnxSentimentModel, SentimentHandler
 from pyflink_aisp.kafka import create_topics, read_topic
 from pyflink_aisp.pipeline import PipelineOptions
 from pyflink_aisp.pipeline.flink import build_pipeline, make_environment

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.inference import OnnxSentimentModel, TorchSentimentHandler
+from pyflink_aisp.inference.handlers import OnnxSentimentModel, TorchSentimentHandler
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
 from pyflink_aisp.pipeline import PipelineOptions
 from pyflink_aisp.pipeline.flink import build_pipeline, make_environment

@@ -10,7 +10,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.inference import OnnxSentimentModel, Prepared, SentimentHandler
+from pyflink_aisp.inference import Prepared
+from pyflink_aisp.inference.handlers import OnnxSentimentModel, SentimentHandler
 from pyflink_aisp.kafka import create_topics, read_topic
 from pyflink_aisp.pipeline import PipelineOptions
 from pyflink_aisp.pipeline.flink import build_pipeline, make_environment
@@ -231,7 +232,7 @@ def test_a_record_that_fails_inference_goes_to_the_dlq_and_the_rest_score(
 def test_a_second_model_runs_in_the_job_by_options_alone(kafka_bootstrap, topic, reviews):
     """paraphrase-MiniLM-L3-v2 (another package, another ONNX signature: token states only)
     wired in by flags: the job writes its mean-pooled, normalised embeddings."""
-    from pyflink_aisp.inference import OnnxEncoderHandler, Pooling
+    from pyflink_aisp.inference.handlers import OnnxEncoderHandler, Pooling
     from pyflink_aisp.models import locate_paraphrase_minilm
     from pyflink_aisp.models._paraphrase_minilm import PARAPHRASE_TOKEN_OUTPUT
 

@@ -17,10 +17,11 @@ import pytest
 from confluent_kafka import Producer
 from onnx import numpy_helper
 
+from pyflink_aisp.checksums import sha256_file
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.inference import OnnxSentimentModel, SentimentHandler, publish_model
+from pyflink_aisp.inference import publish_model
+from pyflink_aisp.inference.handlers import OnnxSentimentModel, SentimentHandler
 from pyflink_aisp.kafka import create_topics, read_topic
-from pyflink_aisp.models import sha256_file
 from pyflink_aisp.pipeline import PipelineOptions
 from pyflink_aisp.pipeline.flink import build_pipeline, make_environment
 

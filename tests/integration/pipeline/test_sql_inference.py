@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import Producer
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.inference import OnnxSentimentModel
+from pyflink_aisp.inference.handlers import OnnxSentimentModel
 from pyflink_aisp.kafka import create_topics
 from pyflink_aisp.pipeline import PipelineOptions
 from pyflink_aisp.pipeline.sql import configure_table_env
@@ -64,7 +64,7 @@ def _produce(bootstrap: str, topic: str, records: dict[str, str | None]) -> None
 def _table_env(mode: str, config: PipelineOptions):
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
-    from pyflink_aisp.local import pipeline_jars_value
+    from pyflink_aisp.jars import pipeline_jars_value
 
     t_env = TableEnvironment.create(
         EnvironmentSettings.in_batch_mode() if mode == "batch" else EnvironmentSettings.in_streaming_mode()
@@ -184,8 +184,8 @@ def test_sql_job_file_scores_to_kafka_and_dead_letters_the_rest(
     from pyflink.common import Configuration
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
+    from pyflink_aisp.jars import pipeline_jars_value
     from pyflink_aisp.kafka import read_topic
-    from pyflink_aisp.local import pipeline_jars_value
 
     t_in, t_out, t_dlq = topic("in"), topic("out"), topic("dlq")
     create_topics(kafka_bootstrap, [t_in, t_out, t_dlq])

@@ -42,7 +42,7 @@ def _produce(bootstrap: str, topic: str, records: dict[str, str | None]) -> None
 def _table_env(mode: str, job_parameters: dict[str, str]):
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
-    from pyflink_aisp.local import pipeline_jars_value
+    from pyflink_aisp.jars import pipeline_jars_value
 
     batch = mode == "batch"
     t_env = TableEnvironment.create(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from pyflink_aisp.local import ImageRole
+from pyflink_aisp.deploy import ImageRole
 from pyflink_aisp.pipeline import PipelineOptions
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from pyflink_aisp.local import container_flink_config, pyflink_home, render_flink_config
+from pyflink_aisp.deploy import container_flink_config
+from pyflink_aisp.local import pyflink_home, render_flink_config
 
 ROOT = Path(__file__).resolve().parents[3]
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"

@@ -11,7 +11,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pyflink_aisp.local import JarKind, ensure_jars, pyflink_home
+from pyflink_aisp.jars import JarKind, ensure_jars
+from pyflink_aisp.local import pyflink_home
 from pyflink_aisp.local._flink_config import PROMETHEUS_FACTORY
 from pyflink_aisp.pipeline import PipelineOptions
 

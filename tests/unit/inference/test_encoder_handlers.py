@@ -21,11 +21,11 @@ import pytest
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.errors import ChecksumError, ConfigError, ModelError, TokenizeError
-from pyflink_aisp.inference import OnnxSentimentModel
-from pyflink_aisp.inference._encoder import OnnxEncoderHandler, OnnxEncoderModel
-from pyflink_aisp.inference._encoder_common import Pooling, TokenField
 from pyflink_aisp.inference._handler import Prepared
-from pyflink_aisp.inference._torch_encoder import TorchEncoderHandler
+from pyflink_aisp.inference.handlers import OnnxSentimentModel
+from pyflink_aisp.inference.handlers._common import Pooling, TokenField
+from pyflink_aisp.inference.handlers._onnx_encoder import OnnxEncoderHandler, OnnxEncoderModel
+from pyflink_aisp.inference.handlers._torch_encoder import TorchEncoderHandler
 from pyflink_aisp.inference.testing import check_model_handler
 from pyflink_aisp.models import ModelAssets, locate_source_model
 from pyflink_aisp.models._paraphrase_minilm import (

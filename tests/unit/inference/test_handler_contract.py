@@ -15,8 +15,9 @@ import pytest
 
 from pyflink_aisp.datasets import load_rotten_tomatoes, split_reviews
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference import ModelHandler, SentimentHandler
-from pyflink_aisp.inference._torch import TorchSentimentHandler
+from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.inference.handlers import SentimentHandler
+from pyflink_aisp.inference.handlers._torch import TorchSentimentHandler
 from pyflink_aisp.inference.testing import ContractReport, HandlerContractError, check_model_handler
 from pyflink_aisp.models import ModelAssets
 

@@ -10,7 +10,7 @@ import pytest
 
 import pyflink_aisp.inference as inference_area
 from pyflink_aisp.errors import ChecksumError, ConfigError, ModelError, TokenizeError
-from pyflink_aisp.inference import ExecutionProvider, OnnxSentimentModel
+from pyflink_aisp.inference.handlers import ExecutionProvider, OnnxSentimentModel
 from pyflink_aisp.models import ModelAssets
 
 # deliberately unsorted lengths
@@ -97,7 +97,7 @@ def test_checksum_checked_on_load(quick_assets: ModelAssets) -> None:
 
 @pytest.mark.parametrize(("allow", "entry"), [(True, "1"), (False, "0")])
 def test_allow_spinning_is_set_on_the_session(quick_assets, allow, entry):
-    from pyflink_aisp.inference import OnnxSentimentModel
+    from pyflink_aisp.inference.handlers import OnnxSentimentModel
 
     model = OnnxSentimentModel(quick_assets, intra_op_num_threads=1, allow_spinning=allow)
     options = model._session.get_session_options()

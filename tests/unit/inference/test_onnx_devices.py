@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pyflink_aisp.errors import ConfigError, ModelError
-from pyflink_aisp.inference import ExecutionProvider, OnnxSentimentModel, SentimentHandler
-from pyflink_aisp.inference._onnx import normalize_providers, provider_device
+from pyflink_aisp.inference.handlers import ExecutionProvider, OnnxSentimentModel, SentimentHandler
+from pyflink_aisp.inference.handlers._onnx import normalize_providers, provider_device
 from pyflink_aisp.models import ModelAssets
 
 CUDA, TRT, CPU = "CUDAExecutionProvider", "TensorrtExecutionProvider", "CPUExecutionProvider"

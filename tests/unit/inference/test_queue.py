@@ -3,7 +3,8 @@
 import pytest
 
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference import BatchingConfig, BatchQueue
+from pyflink_aisp.inference import BatchingConfig
+from pyflink_aisp.inference._queue import BatchQueue
 
 
 def fill(queue, items, now=0.0):

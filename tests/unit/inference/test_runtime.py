@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from pyflink_aisp.checksums import sha256_file, verify_sha256
 from pyflink_aisp.errors import ModelError
 from pyflink_aisp.inference import (
     BatchingConfig,
@@ -13,10 +14,8 @@ from pyflink_aisp.inference import (
     ModelRuntime,
     ModelSwapConfig,
     publish_model,
-    read_pointer,
 )
-from pyflink_aisp.models import sha256_file
-from pyflink_aisp.models._checksum import verify_sha256
+from pyflink_aisp.inference._swap import read_pointer
 
 
 class ScaleHandler(ModelHandler[float, float, float]):

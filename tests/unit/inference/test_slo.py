@@ -12,8 +12,9 @@ import random
 import pytest
 
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference import BatchingConfig, BatchQueue, Knobs, SloController
-from pyflink_aisp.inference._slo import percentile
+from pyflink_aisp.inference import BatchingConfig, SloController
+from pyflink_aisp.inference._queue import BatchQueue
+from pyflink_aisp.inference._slo import Knobs, percentile
 
 
 def simulate(config, phases, *, fixed_s=0.004, per_record_s=0.0005, seed=0, controller=None):

@@ -14,15 +14,8 @@ from pathlib import Path
 import pytest
 
 from pyflink_aisp.errors import ConfigError, ModelError
-from pyflink_aisp.inference import (
-    BatchingConfig,
-    ModelHandler,
-    ModelPointer,
-    ModelRuntime,
-    ModelSwapConfig,
-    publish_model,
-    read_pointer,
-)
+from pyflink_aisp.inference import BatchingConfig, ModelHandler, ModelRuntime, ModelSwapConfig, publish_model
+from pyflink_aisp.inference._swap import ModelPointer, read_pointer
 
 
 class VersionedHandler(ModelHandler[str, str, str]):

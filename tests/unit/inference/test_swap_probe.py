@@ -11,9 +11,15 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from pyflink_aisp.checksums import sha256_file
 from pyflink_aisp.errors import ModelError
-from pyflink_aisp.inference import SWAP_PROBE_TEXTS, OnnxSentimentModel, SentimentHandler, check_probe_outputs
-from pyflink_aisp.models import ModelAssets, sha256_file
+from pyflink_aisp.inference.handlers import (
+    SWAP_PROBE_TEXTS,
+    OnnxSentimentModel,
+    SentimentHandler,
+    check_probe_outputs,
+)
+from pyflink_aisp.models import ModelAssets
 
 N = len(SWAP_PROBE_TEXTS)
 DIM = 8
@@ -179,7 +185,7 @@ def test_a_version_with_a_static_batch_dimension_is_refused(
 
 
 def test_batch_sizes_must_score_alike() -> None:
-    from pyflink_aisp.inference._probe import check_probe_batch_sizes
+    from pyflink_aisp.inference.handlers._probe import check_probe_batch_sizes
 
     scores, embeddings = _good()
     check_probe_batch_sizes(lambda texts: (scores[:len(texts)] + 5e-5, embeddings[:len(texts)]), scores,

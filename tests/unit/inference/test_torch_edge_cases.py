@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from pyflink_aisp.errors import AispError
-from pyflink_aisp.inference import TorchSentimentHandler
+from pyflink_aisp.inference.handlers import TorchSentimentHandler
 from pyflink_aisp.models import ensure_model_assets
 from pyflink_aisp.models._source import locate_source_model
 

@@ -11,16 +11,17 @@ import numpy as np
 import pytest
 import torch
 
+from pyflink_aisp.checksums import sha256_file
 from pyflink_aisp.datasets import Review, load_rotten_tomatoes, split_reviews
 from pyflink_aisp.errors import ChecksumError, ConfigError, ModelError, TokenizeError
-from pyflink_aisp.inference import OnnxSentimentModel
-from pyflink_aisp.inference._torch import (
+from pyflink_aisp.inference.handlers import OnnxSentimentModel
+from pyflink_aisp.inference.handlers._torch import (
     TorchSentimentHandler,
     TorchSentimentModel,
     parse_torch_device,
     read_head,
 )
-from pyflink_aisp.models import ModelAssets, locate_source_model, sha256_file
+from pyflink_aisp.models import ModelAssets, locate_source_model
 
 PARITY_ATOL = 1e-5
 
@@ -214,7 +215,7 @@ def test_release_model_drops_the_encoder(handler: TorchSentimentHandler) -> None
 def test_reduced_precision_stays_within_the_tolerance_of_fp32_on_real_reviews(
     model_assets: ModelAssets, reviews: list[str], torch_model: TorchSentimentModel, precision: str
 ) -> None:
-    from pyflink_aisp.inference._torch import PRECISION_TOLERANCE
+    from pyflink_aisp.inference.handlers._torch import PRECISION_TOLERANCE
 
     reduced = TorchSentimentHandler(model_assets, intra_op_num_threads=2, precision=precision)
     model = reduced.load_model()  # runs the probe check against fp32
@@ -240,7 +241,7 @@ def test_the_precision_is_a_line_of_the_version_and_fp32_keeps_its_digest(model_
 def test_a_precision_that_moves_scores_too_far_is_refused_at_load(
     model_assets: ModelAssets, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pyflink_aisp.inference import _torch
+    from pyflink_aisp.inference.handlers import _torch
 
     monkeypatch.setattr(_torch, "PRECISION_TOLERANCE", 1e-9)
     with pytest.raises(ModelError, match=r"precision bf16 moves probe scores by .* from float32 \(> 1e-09\)"):

@@ -5,7 +5,7 @@ import pytest
 
 from pyflink_aisp.kafka import DeadLetter, DecodedRecord, KafkaCoordinates, decode_review
 from pyflink_aisp.kafka._decode import MAX_DEAD_LETTER_VALUE_BYTES
-from pyflink_aisp.pipeline import Reason
+from pyflink_aisp.outcome import Reason
 
 SRC = KafkaCoordinates(topic="reviews", partition=2, offset=41)
 

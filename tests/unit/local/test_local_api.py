@@ -6,8 +6,7 @@ import pytest
 
 import pyflink_aisp.local as local
 
-MODULES = ["_chaos", "_chaos_run", "_cli", "_container", "_flink", "_flink_config", "_jars", "_kafka",
-           "_procs", "_stack", "_workers"]
+MODULES = ["_cli", "_flink", "_flink_config", "_kafka", "_procs", "_stack", "_workers"]
 
 
 def test_all_names_exist_and_are_sorted():
@@ -28,11 +27,15 @@ def test_init_reexports_the_stack_api():
         "LocalStack",
         "LocalStackConfig",
         "StackStatus",
-        "ensure_jars",
         "flink_run_command",
         "flink_env",
-        "pipeline_jars_value",
         "add_local_commands",
         "KafkaBrokerConfig",
     ]:
         assert name in local.__all__
+
+
+def test_only_the_dev_stack_lives_here():
+    """Container roles are deploy's, the chaos harness chaos's, the jar resolver the ground floor's."""
+    for name in ["ImageRole", "role_command", "kill_taskmanager", "run_chaos", "ensure_jars", "JarKind"]:
+        assert name not in local.__all__, name

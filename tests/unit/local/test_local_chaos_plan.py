@@ -2,8 +2,8 @@
 
 import pytest
 
+from pyflink_aisp.chaos import FailurePlan
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.local import FailurePlan
 
 
 def test_schedule_alternates_kills_and_spreads_broker_restarts():

@@ -5,18 +5,15 @@ import sys
 import pytest
 import yaml
 
-from pyflink_aisp.errors import ConfigError, ServiceError
-from pyflink_aisp.local import (
-    FlinkClusterConfig,
-    LocalStackConfig,
+from pyflink_aisp.deploy import (
     configure_role,
     container_flink_config,
     container_kafka_config,
-    prometheus_settings,
-    pyflink_home,
     submit_command,
     wait_for_services,
 )
+from pyflink_aisp.errors import ConfigError, ServiceError
+from pyflink_aisp.local import FlinkClusterConfig, LocalStackConfig, prometheus_settings, pyflink_home
 from pyflink_aisp.local._flink_config import PROMETHEUS_FACTORY
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from pyflink_aisp import jars as _jars
 from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
-from pyflink_aisp.local import JarKind, _jars, ensure_jars, pipeline_jars_value, require_tools
+from pyflink_aisp.jars import JarKind, ensure_jars, pipeline_jars_value, require_tools
 
 FAKE_MVN = """#!/bin/sh
 echo call >> "{calls}"

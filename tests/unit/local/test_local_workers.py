@@ -75,7 +75,7 @@ def test_reap_skips_a_process_that_is_gone(tmp_path, spawned):
 def test_a_workers_taskmanager_is_its_nearest_listed_ancestor(tmp_path, spawned):
     """kill_taskmanager(busy_only=True) kills the TaskManager a worker descends from (here: this
     process plays the TaskManager, the worker its grandchild through a shell as PyFlink's runner)."""
-    from pyflink_aisp.local._chaos import _ancestor
+    from pyflink_aisp.chaos._kill import _ancestor
 
     shell = subprocess.Popen(["bash", "-c", f"{sys.executable} -c 'import time; time.sleep(120)'; :"])
     spawned.append(shell)

@@ -12,8 +12,9 @@ import onnxruntime as ort
 import pytest
 
 import pyflink_aisp.models as models_area
+from pyflink_aisp.checksums import sha256_file
 from pyflink_aisp.errors import ChecksumError, ModelError
-from pyflink_aisp.models import ModelAssets, build_main, ensure_model_assets, load_model_assets, sha256_file
+from pyflink_aisp.models import ModelAssets, build_main, ensure_model_assets, load_model_assets
 from pyflink_aisp.models import _assets as assets_module
 
 

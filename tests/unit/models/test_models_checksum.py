@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pyflink_aisp.checksums import sha256_file, verify_sha256
 from pyflink_aisp.errors import ChecksumError, ConfigError, ModelError
-from pyflink_aisp.models import sha256_file, verify_sha256
 
 
 def test_sha256_file_matches_hashlib(tmp_path: Path) -> None:

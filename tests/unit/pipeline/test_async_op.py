@@ -7,7 +7,7 @@ import pytest
 
 from pyflink_aisp.errors import InferenceError, InferenceTimeoutError
 from pyflink_aisp.inference import BatchingConfig, ModelHandler
-from pyflink_aisp.pipeline import Reason, reason_of
+from pyflink_aisp.outcome import Reason, reason_of
 from pyflink_aisp.pipeline.flink import BatchedInferenceFunction
 
 

@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference import ExecutionProvider, SentimentHandler, TorchSentimentHandler
+from pyflink_aisp.inference.handlers import ExecutionProvider, SentimentHandler, TorchSentimentHandler
 from pyflink_aisp.pipeline import PipelineOptions
 from pyflink_aisp.pipeline._handlers import handler_for, onnx_providers
 from pyflink_aisp.pipeline._options import GpuProvider, InferenceRuntime, Precision

@@ -45,7 +45,7 @@ def test_job_help_lists_every_flag_with_its_default():
 
 
 def test_readme_dead_letter_table_lists_every_reason_once():
-    from pyflink_aisp.pipeline import Reason
+    from pyflink_aisp.outcome import Reason
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme[readme.index("### Dead letters"):readme.index("## Options")]

@@ -14,7 +14,8 @@ import pytest
 from pyflink_aisp import pipeline
 from pyflink_aisp.affinity import AffinityPolicy
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference import BatchCuts, BatchingConfig, ModelSwapConfig, Pooling
+from pyflink_aisp.inference import BatchCuts, BatchingConfig, ModelSwapConfig
+from pyflink_aisp.inference.handlers import Pooling
 from pyflink_aisp.pipeline import (
     OPTIONS,
     OptionGroup,

@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 
 from pyflink_aisp.errors import DecodeError, InferenceError, InferenceTimeoutError, TokenizeError
-from pyflink_aisp.pipeline import MAX_DEAD_LETTER_VALUE_BYTES, DeadLettered, Reason, reason_of
-from pyflink_aisp.pipeline._outcome import MAX_DETAIL_CHARS, dead_letter_json, scored_json, sentiment_label
+from pyflink_aisp.outcome import (
+    MAX_DEAD_LETTER_VALUE_BYTES,
+    MAX_DETAIL_CHARS,
+    DeadLettered,
+    Reason,
+    dead_letter_json,
+    reason_of,
+    scored_json,
+    sentiment_label,
+)
 
 SHA = "c" * 64
 KEYS = ["reason", "detail", "id", "topic", "partition", "offset", "value_base64", "value_size_bytes",
@@ -134,7 +142,7 @@ def test_scored_json_of_an_encoder_vector() -> None:
 
 def test_a_decode_error_with_a_reason_outside_the_enum_is_a_decode_error():
     from pyflink_aisp.errors import DecodeError
-    from pyflink_aisp.pipeline import Reason, reason_of
+    from pyflink_aisp.outcome import Reason, reason_of
 
     assert reason_of(DecodeError("schema_mismatch", "a decoder of its own")) is Reason.DECODE_ERROR
 
@@ -148,7 +156,7 @@ def _size(key: str, value: str) -> int:
 
 def test_render_scored_refuses_an_output_over_the_limit_by_its_utf8_size() -> None:
     from pyflink_aisp.errors import OversizedOutputError
-    from pyflink_aisp.pipeline._outcome import render_scored
+    from pyflink_aisp.outcome import render_scored
 
     record_id = "中" * 117_000  # the input: 351 KB as a key, 702 KB escaped in the value
     value = scored_json(record_id, (0.75, np.zeros(3, np.float32)), SHA, with_embedding=False)
@@ -172,7 +180,7 @@ def test_render_scored_refuses_an_output_over_the_limit_by_its_utf8_size() -> No
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_render_scored_refuses_a_score_or_vector_that_is_not_finite(bad: float) -> None:
     from pyflink_aisp.errors import InferenceError
-    from pyflink_aisp.pipeline._outcome import render_scored
+    from pyflink_aisp.outcome import render_scored
 
     for prediction in ((bad, np.zeros(3, np.float32)), np.array([0.5, bad], dtype=np.float32)):
         with pytest.raises(InferenceError, match="not finite"):
@@ -187,7 +195,7 @@ def test_render_scored_refuses_a_score_or_vector_that_is_not_finite(bad: float) 
 def test_a_dead_letter_always_fits_the_limit_and_keeps_the_longest_value_prefix(
     limit: int, id_chars: int
 ) -> None:
-    from pyflink_aisp.pipeline._outcome import MAX_DEAD_LETTER_ID_CHARS, render_dead_letter
+    from pyflink_aisp.outcome import MAX_DEAD_LETTER_ID_CHARS, render_dead_letter
 
     record_id = "😀" * id_chars if id_chars else None
     value = ("x" * 900_000).encode()
@@ -208,7 +216,7 @@ def test_a_dead_letter_always_fits_the_limit_and_keeps_the_longest_value_prefix(
 
 
 def test_a_small_dead_letter_is_unchanged_by_the_limit() -> None:
-    from pyflink_aisp.pipeline._outcome import render_dead_letter
+    from pyflink_aisp.outcome import render_dead_letter
 
     letter = DeadLettered(reason=Reason.INVALID_JSON, detail="x", topic="t", partition=0, offset=1,
                           value=b"{")

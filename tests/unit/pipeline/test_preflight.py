@@ -76,7 +76,7 @@ def test_any_jar_that_provides_the_factory_passes_and_remote_urls_are_the_cluste
 
 
 def test_the_real_connector_jar_of_the_cache_passes() -> None:
-    from pyflink_aisp.local import flink_connector_jars
+    from pyflink_aisp.jars import flink_connector_jars
 
     check_connector_jars([Path(j).resolve().as_uri() for j in flink_connector_jars()])
 

@@ -16,17 +16,8 @@ import pandas as pd
 import pytest
 
 from pyflink_aisp.errors import ConfigError, InferenceTimeoutError, TokenizeError
-from pyflink_aisp.inference import (
-    BatchingConfig,
-    Inferred,
-    ModelHandler,
-    ModelRuntime,
-    ModelSwapConfig,
-    OnnxEncoderHandler,
-    OnnxSentimentModel,
-    Pooling,
-    SentimentHandler,
-)
+from pyflink_aisp.inference import BatchingConfig, Inferred, ModelHandler, ModelRuntime, ModelSwapConfig
+from pyflink_aisp.inference.handlers import OnnxEncoderHandler, OnnxSentimentModel, Pooling, SentimentHandler
 from pyflink_aisp.pipeline import PipelineOptions, _handlers, _sql_functions, flink_settings, sql
 from pyflink_aisp.pipeline.sql import (
     SENTIMENT_RESULT_TYPE,
@@ -155,7 +146,7 @@ def test_open_refuses_a_bad_job_parameter_naming_it(seen_options, params, messag
 
 def test_the_handler_and_model_dir_follow_the_options(monkeypatch, tmp_path: Path) -> None:
     seen: list[Path] = []
-    monkeypatch.setattr("pyflink_aisp.models.load_model_assets", lambda d: seen.append(d) or "assets")
+    monkeypatch.setattr(_handlers, "load_model_assets", lambda d: seen.append(d) or "assets")
     monkeypatch.setenv("AISP_MODEL_DIR", str(tmp_path))
     assert _handlers.model_assets(PipelineOptions()) == "assets" and seen == [tmp_path]
     assert _handlers.model_assets(PipelineOptions(model_dir=tmp_path / "x")) == "assets"

@@ -10,18 +10,22 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pyflink_aisp.checksums import verify_sha256
 from pyflink_aisp.errors import ModelError
 from pyflink_aisp.inference._handler import ModelHandler, Prepared
-from pyflink_aisp.inference._onnx import (
+from pyflink_aisp.inference.handlers._onnx import (
     ExecutionProvider,
     OnnxSentimentModel,
     ProviderSpec,
     normalize_providers,
     provider_device,
 )
-from pyflink_aisp.inference._probe import SWAP_PROBE_TEXTS, check_probe_batch_sizes, check_probe_outputs
+from pyflink_aisp.inference.handlers._probe import (
+    SWAP_PROBE_TEXTS,
+    check_probe_batch_sizes,
+    check_probe_outputs,
+)
 from pyflink_aisp.models import ModelAssets
-from pyflink_aisp.models._checksum import verify_sha256
 
 __all__ = ["SentimentHandler", "SentimentPrediction", "TokenizedTextsMixin"]
 
@@ -125,7 +129,7 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
         one score, one label or one embedding for all probes); see
         :func:`~pyflink_aisp.inference.check_probe_outputs`. The first probes are
         scored again in batches of 1 and 7 and must match
-        (:func:`~pyflink_aisp.inference._probe.check_probe_batch_sizes`).
+        (:func:`~pyflink_aisp.inference.handlers._probe.check_probe_batch_sizes`).
 
         Raises:
             ChecksumError: the file's sha256 is not ``sha256``.

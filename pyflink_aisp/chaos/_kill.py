@@ -23,8 +23,7 @@ from typing import Any
 import psutil
 
 from pyflink_aisp.errors import ServiceError
-from pyflink_aisp.local._flink import FlinkCluster
-from pyflink_aisp.local._stack import LocalStack
+from pyflink_aisp.local import FlinkCluster, LocalStack
 
 __all__ = ["JobProgress", "job_progress", "kill_taskmanager", "wait_recovered"]
 

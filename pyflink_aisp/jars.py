@@ -7,6 +7,10 @@ jar that ``bin/sql-client.sh`` needs (``aisp sql``), ``ensure_jars(JarKind.K8S_O
 the Flink Kubernetes Operator's API jar (its CRD schemas, for the manifest checks). Jars
 land in ``<aisp_home>/jars/<kind>/`` next to a marker holding the pom's sha256, so editing
 a pom re-resolves on next use.
+
+A job finds its connector jar with :func:`connector_jars` (no download there: a job
+on a cluster must not reach for Maven Central): the jars it is given (``--jars``,
+or ``$AISP_CONNECTOR_JARS``), else the cache that ``aisp local jars`` fills.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 
-from pyflink_aisp._home import aisp_home, project_root
 from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
+from pyflink_aisp.home import aisp_home, project_root
 
 __all__ = [
+    "CONNECTOR_JARS_ENV",
     "JarKind",
+    "connector_jars",
     "connectors_dir",
     "ensure_jars",
     "flink_connector_jars",
@@ -253,3 +259,35 @@ def pipeline_jars_value(jars: Sequence[Path] | None = None) -> str:
     """
     chosen = flink_connector_jars() if jars is None else jars
     return ";".join(Path(jar).resolve().as_uri() for jar in chosen)
+
+#: Environment variable with ``;``-separated connector jar URLs or paths.
+CONNECTOR_JARS_ENV = "AISP_CONNECTOR_JARS"
+
+
+def _as_uri(entry: str) -> str:
+    return entry if "://" in entry else Path(entry).resolve().as_uri()
+
+
+def connector_jars(jars: str | None = None) -> list[str]:
+    """The jar URLs for ``pipeline.jars``.
+
+    Args:
+        jars: ``;``-separated ``file://`` URLs or paths (the ``--jars`` option);
+            None: ``$AISP_CONNECTOR_JARS``, else the jar cache.
+
+    Returns:
+        ``file://`` (or other scheme) URLs, in order.
+
+    Raises:
+        ConfigError: No jar named and none cached (the message says how to get one).
+    """
+    chosen = jars or os.environ.get(CONNECTOR_JARS_ENV)
+    if chosen:
+        return [_as_uri(entry.strip()) for entry in chosen.split(";") if entry.strip()]
+    cached = sorted((aisp_home() / "jars" / "flink").glob("*.jar"))
+    if not cached:
+        raise ConfigError(
+            "no Flink Kafka connector jar: pass --jars file:///path/flink-sql-connector-kafka-5.0.0-2.2.jar, "
+            f"set ${CONNECTOR_JARS_ENV}, or fill the dev cache with `aisp local jars`"
+        )
+    return [jar.resolve().as_uri() for jar in cached]

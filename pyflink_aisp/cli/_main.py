@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from pyflink_aisp.errors import AispError, ConfigError
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
 def _cmd_model_build(args: argparse.Namespace) -> int:
@@ -66,7 +66,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.manifest or not args.topic_b:
         if len(args.manifest or ()) != 2 or args.topic_a:
             raise ConfigError("verify takes two output topics, or --manifest A --manifest B")
-        from pyflink_aisp.alignment._cli import verify_manifests
+        from pyflink_aisp.alignment import verify_manifests
 
         ok, lines = verify_manifests(Path(args.manifest[0]), Path(args.manifest[1]), servers=bootstrap,
                                      tolerance=args.tolerance)
@@ -104,7 +104,7 @@ def _positive(text: str) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from pyflink_aisp._demo import run_demo
+    from pyflink_aisp.cli._demo import run_demo
 
     r = run_demo(runner=args.runner, keep_stack=args.keep_stack)
     ok = r.processed == r.ingested and r.dlq == 0
@@ -113,9 +113,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``aisp`` argument parser."""
-    from pyflink_aisp.affinity._cli import add_affinity_commands
-    from pyflink_aisp.deploy._cli import add_deploy_commands
-    from pyflink_aisp.local import add_container_commands, add_local_commands
+    from pyflink_aisp.affinity import add_affinity_commands
+    from pyflink_aisp.cli._alignment import add_alignment_commands
+    from pyflink_aisp.deploy import add_container_commands, add_deploy_commands
+    from pyflink_aisp.local import add_local_commands
 
     parser = argparse.ArgumentParser(prog="aisp", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -123,8 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_container_commands(sub)
     add_deploy_commands(sub)
     add_affinity_commands(sub)
-    from pyflink_aisp.alignment._cli import add_alignment_commands
-
     add_alignment_commands(sub)
 
     model = sub.add_parser("model", help="model assets").add_subparsers(dest="model_command", required=True)
@@ -186,6 +185,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"aisp: error: {exc}", file=sys.stderr)
         return 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,10 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pyflink_aisp.chaos._kill import kill_taskmanager, wait_recovered
 from pyflink_aisp.errors import ConfigError, ServiceError
-from pyflink_aisp.local._chaos import kill_taskmanager, wait_recovered
-from pyflink_aisp.local._procs import wait_until
-from pyflink_aisp.local._stack import LocalStack
+from pyflink_aisp.local import LocalStack, wait_until
 
 __all__ = ["FailureEvent", "FailurePlan", "FailureResult", "run_chaos"]
 

@@ -28,15 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from pyflink_aisp.errors import AispError, ConfigError, ServiceError
-from pyflink_aisp.local._flink import flink_overview
-from pyflink_aisp.local._flink_config import (
+from pyflink_aisp.local import (
     FlinkClusterConfig,
+    KafkaBroker,
+    KafkaBrokerConfig,
+    broker_answers,
     daemon_env,
     flink_env,
+    flink_overview,
     pyflink_home,
     write_flink_conf_dir,
 )
-from pyflink_aisp.local._kafka import KafkaBroker, KafkaBrokerConfig, broker_answers
 
 __all__ = [
     "CONTAINER_ENV",

@@ -9,7 +9,7 @@ safetensors container (no pickle, so no code runs on load; ``.bin`` files are
 refused) and nothing is fetched from a hub. The model runs in eval mode, in
 fp32 (a half-precision checkpoint is cast up), under ``torch.inference_mode``;
 one output of the model (``last_hidden_state`` by default) is pooled on the
-device as :mod:`pyflink_aisp.inference._encoder_common` describes, and only
+device as :mod:`pyflink_aisp.inference.handlers._common` describes, and only
 the ``(batch, dim)`` vectors are copied to the host.
 
 Devices are explicit (:func:`~pyflink_aisp.inference.parse_torch_device`): a
@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pyflink_aisp.errors import ConfigError, ModelError
-from pyflink_aisp.inference._encoder_common import (
+from pyflink_aisp.inference.handlers._common import (
     MEAN_CLAMP,
     NORM_EPS,
     Pooling,
@@ -42,7 +42,7 @@ from pyflink_aisp.inference._encoder_common import (
     coerce_pooling,
     resolve_max_length,
 )
-from pyflink_aisp.inference._torch import _check_device, _import_torch, parse_torch_device
+from pyflink_aisp.inference.handlers._torch import _check_device, _import_torch, parse_torch_device
 from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizerConfig
 
 __all__ = ["TorchEncoderHandler", "TorchEncoderModel"]
@@ -134,7 +134,7 @@ class TorchEncoderModel:
 
 
 def _pool(torch: Any, hidden: Any, mask: Any, pooling: Pooling, normalize: bool, name: str) -> Any:
-    """Torch twin of :func:`~pyflink_aisp.inference._encoder_common.pool_embeddings`.
+    """Torch twin of :func:`~pyflink_aisp.inference.handlers._common.pool_embeddings`.
 
     Raises:
         ModelError: ``hidden`` is not a floating-point tensor of the pooling's rank.

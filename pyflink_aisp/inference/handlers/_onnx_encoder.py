@@ -3,14 +3,14 @@
 :class:`OnnxEncoderHandler` runs one output of an ONNX graph (an export of a
 sentence-transformers model, a HF ``last_hidden_state`` export, the project's
 own ``model.onnx`` ...) and pools it into one float32 vector per text (see
-:mod:`pyflink_aisp.inference._encoder_common` for the pooling and the batch
+:mod:`pyflink_aisp.inference.handlers._common` for the pooling and the batch
 hooks). Nothing about the graph is assumed beyond what it declares: at load
 the handler reads the graph's inputs and outputs from the ONNX Runtime session
 (``InferenceSession.get_inputs()`` / ``get_outputs()``), feeds the tokenizer
 fields it declares (or those named in ``inputs``), and refuses an output that
 does not exist or whose declared rank does not fit the pooling.
 
-Execution providers follow :mod:`pyflink_aisp.inference._onnx`: the caller
+Execution providers follow :mod:`pyflink_aisp.inference.handlers._onnx`: the caller
 names them (CPU by default), and a requested provider that this onnxruntime
 build lacks or that ORT drops while creating the session raises
 :class:`~pyflink_aisp.errors.ModelError` instead of running on another device.
@@ -29,7 +29,7 @@ import numpy.typing as npt
 import onnxruntime as ort
 
 from pyflink_aisp.errors import ConfigError, ModelError
-from pyflink_aisp.inference._encoder_common import (
+from pyflink_aisp.inference.handlers._common import (
     Pooling,
     TextEncoderHandler,
     TokenField,
@@ -38,7 +38,7 @@ from pyflink_aisp.inference._encoder_common import (
     pool_embeddings,
     resolve_max_length,
 )
-from pyflink_aisp.inference._onnx import (
+from pyflink_aisp.inference.handlers._onnx import (
     ExecutionProvider,
     ProviderSpec,
     _split_providers,

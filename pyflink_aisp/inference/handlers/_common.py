@@ -31,9 +31,9 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from pyflink_aisp.checksums import sha256_file
 from pyflink_aisp.errors import ChecksumError, ConfigError, ModelError, TokenizeError
 from pyflink_aisp.inference._handler import ModelHandler, Prepared
-from pyflink_aisp.models import sha256_file
 from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizedBatch
 
 __all__ = [

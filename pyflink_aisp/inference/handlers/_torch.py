@@ -32,11 +32,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pyflink_aisp.checksums import sha256_file, verify_sha256
 from pyflink_aisp.errors import ConfigError, ModelError
 from pyflink_aisp.inference._handler import ModelHandler
-from pyflink_aisp.inference._onnx import encode_texts
-from pyflink_aisp.inference._sentiment import SentimentPrediction, TokenizedTextsMixin
-from pyflink_aisp.models import BertConfig, ModelAssets, locate_source_model, sha256_file, verify_sha256
+from pyflink_aisp.inference.handlers._onnx import encode_texts
+from pyflink_aisp.inference.handlers._sentiment import SentimentPrediction, TokenizedTextsMixin
+from pyflink_aisp.models import BertConfig, ModelAssets, locate_source_model
 from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizedBatch, TokenizerConfig
 
 __all__ = [
@@ -316,7 +317,7 @@ def _check_precision(model: TorchSentimentModel) -> None:
     Raises:
         ModelError: The reduced precision fails to run or moves a probe's score too far.
     """
-    from pyflink_aisp.inference._probe import SWAP_PROBE_TEXTS, check_probe_outputs
+    from pyflink_aisp.inference.handlers._probe import SWAP_PROBE_TEXTS, check_probe_outputs
 
     texts = list(SWAP_PROBE_TEXTS)
     precision = model.precision

@@ -1,12 +1,4 @@
-"""``aisp verify --manifest A --manifest B`` and ``aisp backfill``.
-
-Verifying two manifests: their input ranges must be the same, each run must
-have written exactly one outcome per input record (no duplicate, none
-missing), and their input, output and dead-letter counts must agree. Equal
-digests prove equal bytes; where they differ, the outcomes of the range are
-read back from the two output topics (by their lineage headers) and compared
-per id (label, model version, score within the tolerance): the two runtime
-modes batch records differently, so scores may differ in the last float bits.
+"""``aisp backfill`` and ``aisp transactions``: commands that run the job or ask its cluster.
 
 ``aisp backfill --stream-job NAME [job options]`` re-scores, in BATCH mode,
 the range from ``--range-start`` (default earliest) to the offsets of running
@@ -18,69 +10,12 @@ default ``manifests``). It runs in this process (a PyFlink MiniCluster).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import os
 from typing import Any
 
-from pyflink_aisp.alignment._manifest import OutcomeTracker, RunManifest
-from pyflink_aisp.alignment._verify import compare_outputs
 from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
 
-__all__ = ["add_alignment_commands", "verify_manifests"]
-
-
-def _range_outputs(servers: str, manifest: RunManifest) -> list[bytes]:
-    tracker = OutcomeTracker(servers, manifest.range.topic, manifest.output_topic, manifest.dlq_topic,
-                             job=manifest.job_name)
-    try:
-        tracker.advance()
-        return tracker.outputs(manifest.range)
-    finally:
-        tracker.close()
-
-
-def verify_manifests(path_a: Path, path_b: Path, *, servers: str, tolerance: float) -> tuple[bool, list[str]]:
-    """Compare two runs by their manifests (see the module docstring).
-
-    Returns:
-        Whether they agree, and the lines to print.
-
-    Raises:
-        ConfigError: A manifest cannot be read.
-        KafkaError: Their output topics cannot be read (only when the digests differ).
-    """
-    a, b = RunManifest.read(path_a), RunManifest.read(path_b)
-    lines = []
-    for side, m, path in (("a", a, path_a), ("b", b, path_b)):
-        s = m.summary
-        where = m.mode if m.checkpoint_id is None else f"{m.mode}, checkpoint {m.checkpoint_id}"
-        lines.append(f"{side}: {path} ({where}): {s.input_count} in, "
-                     f"{s.output_count} out, {s.dlq_count} dead letters, {s.duplicates} duplicated, "
-                     f"{s.missing} missing, model {', '.join(s.model_versions) or '-'}")
-    problems = []
-    if a.range != b.range:
-        problems.append(f"the input ranges differ: a {a.range.to_json()} b {b.range.to_json()}")
-    for side, m in (("a", a), ("b", b)):
-        if m.summary.duplicates or m.summary.missing:
-            problems.append(f"run {side} is not exactly once: {m.summary.duplicates} input records with "
-                            f"several outcomes, {m.summary.missing} with none")
-    sa, sb = a.summary, b.summary
-    if (sa.input_count, sa.output_count, sa.dlq_count) != (sb.input_count, sb.output_count, sb.dlq_count):
-        problems.append("the counts differ")
-    if sa.dlq_digest != sb.dlq_digest:
-        problems.append("the dead letters differ")
-    if not problems:
-        if sa.output_digest == sb.output_digest:
-            lines.append(f"output digests equal ({sa.output_digest[:16]}…): byte-identical outputs")
-        else:
-            lines.append("output digests differ: comparing the outputs per id")
-            report = compare_outputs(_range_outputs(servers, a), _range_outputs(servers, b),
-                                     tolerance=tolerance)
-            lines.extend(line for line in report.lines() if line not in ("SAME", "DIFFERENT"))
-            if not report.ok:
-                problems.append("the outputs differ")
-    lines.extend(problems)
-    lines.append("DIFFERENT" if problems else "SAME")
-    return not problems, lines
+__all__ = ["add_alignment_commands"]
 
 
 def _cmd_backfill(args: argparse.Namespace, rest: list[str]) -> int:
@@ -104,7 +39,7 @@ def _cmd_backfill(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _cmd_transactions(args: argparse.Namespace) -> int:
     from pyflink_aisp.kafka import abort_transactions, default_bootstrap_servers, list_transactions
-    from pyflink_aisp.pipeline._identity import live_jobs_named
+    from pyflink_aisp.pipeline import live_jobs_named
 
     servers = args.bootstrap_servers or default_bootstrap_servers()
     prefix = args.transactional_id_prefix or args.job_name
@@ -117,8 +52,6 @@ def _cmd_transactions(args: argparse.Namespace) -> int:
         print(f"{len(rows)} transactions with prefix {prefix!r}, {open_count} open")
         return 0
     if not args.force:
-        import os
-
         rest = args.flink_rest_url or f"http://127.0.0.1:{os.environ.get('AISP_FLINK_REST_PORT', '8081')}"
         try:
             live = live_jobs_named(rest, args.job_name)
@@ -150,6 +83,6 @@ def add_alignment_commands(sub: Any) -> None:
     backfill = sub.add_parser(
         "backfill", help="re-score [--range-start, a running stream's last completed checkpoint) in BATCH "
                          "mode into --output-topic, with a manifest; other options as the job's",
-        description=__doc__.split("\n\n")[2])
+        description=__doc__.split("\n\n")[1])
     backfill.add_argument("--stream-job", required=True, help="name of the running streaming job")
     backfill.set_defaults(func=_cmd_backfill, takes_rest=True)

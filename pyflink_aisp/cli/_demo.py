@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyflink_aisp._home import project_root
 from pyflink_aisp.errors import AispError, EnvironmentSetupError
+from pyflink_aisp.home import project_root
 from pyflink_aisp.local import LocalStack
 
 __all__ = ["DemoResult", "run_demo"]
@@ -90,7 +90,7 @@ def _run_job(
 
 
 def _baseline(assets: object, texts: list[str]) -> float:
-    from pyflink_aisp.inference import OnnxSentimentModel
+    from pyflink_aisp.inference.handlers import OnnxSentimentModel
     from pyflink_aisp.pipeline import PipelineOptions
 
     # Batches of the job's own most (32): on the whole corpus faster than the model's default of 64
@@ -135,8 +135,9 @@ def run_demo(*, runner: str = "cluster", keep_stack: bool = False) -> DemoResult
         AispError: a step failed (the message says which and how to fix it).
     """
     from pyflink_aisp.datasets import load_rotten_tomatoes
+    from pyflink_aisp.jars import flink_connector_jars
     from pyflink_aisp.kafka import ingest_records
-    from pyflink_aisp.local import LocalStackConfig, flink_connector_jars
+    from pyflink_aisp.local import LocalStackConfig
     from pyflink_aisp.models import ensure_model_assets
 
     stack = LocalStack(LocalStackConfig(with_flink=runner == "cluster"))
