@@ -110,15 +110,21 @@ def performance_page() -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def sources_of(markdown: str) -> list[str]:
+    """The entries of a page's ``<!-- sources: ... -->`` comments (code spans and blocks left out)."""
+    text = re.sub(r"^ {0,3}(```|~~~).*?^ {0,3}\1[^\n]*$", " ", markdown, flags=re.S | re.M)
+    text = re.sub(r"``[^`]+``|`[^`\n]+`", " ", text)
+    return [s.strip() for block in SOURCES_LINE.findall(text) for s in block.split(",") if s.strip()]
+
+
 def cited_commits(pages: list[Path]) -> list[str]:
     """Every ``git:HASH`` that a page's sources line names, in first-cited order."""
     seen: dict[str, None] = {}
     for page in pages:
-        for block in SOURCES_LINE.findall(page.read_text(encoding="utf-8")):
-            for token in block.split(","):
-                m = GIT_SOURCE.match(token.strip())
-                if m:
-                    seen.setdefault(m.group(1), None)
+        for source in sources_of(page.read_text(encoding="utf-8")):
+            m = GIT_SOURCE.match(source)
+            if m:
+                seen.setdefault(m.group(1), None)
     return list(seen)
 
 

@@ -1,4 +1,4 @@
-"""The docs tree: generated pages equal their generator's output, the README stays short and its links hold."""
+"""The docs tree: generated pages equal their generator's output; the README is short and its links hold."""
 
 from __future__ import annotations
 
@@ -107,7 +107,8 @@ def relative_links(markdown: str) -> list[str]:
     """Targets of the page's Markdown links that are not URLs or in-page anchors (code left out)."""
     text = re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
     text = re.sub(r"`[^`\n]*`", "", text)
-    return [t for t in _LINK.findall(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", t) and not t.startswith("#")]
+    return [t for t in _LINK.findall(text)
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", t) and not t.startswith("#")]
 
 
 def broken_links(page: Path) -> list[str]:
