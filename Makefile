@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.aisp-installed
 
-.PHONY: install demo test test-unit test-deploy lint typecheck jars model up down clean
+.PHONY: install demo test test-unit test-deploy lint typecheck docs jars model up down clean
 
 install: $(STAMP)
 
@@ -45,6 +45,10 @@ lint: install
 
 typecheck: install
 	$(VENV)/bin/mypy
+
+# The docs site (MkDocs, mkdocs.yml): strict, so a broken link or anchor fails the build.
+docs: install
+	$(VENV)/bin/mkdocs build --strict -d build/site
 
 jars: install
 	$(VENV)/bin/aisp local jars

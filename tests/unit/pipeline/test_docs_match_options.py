@@ -1,4 +1,4 @@
-"""The README's options table and the SQL job's SET block are what the code says."""
+"""The SQL job's SET block and the job's --help are what the code says (the options page: tests/unit/docs)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,8 @@ import re
 from pathlib import Path
 
 from pyflink_aisp.pipeline import PipelineOptions, flink_settings
-from pyflink_aisp.pipeline._options import options_markdown
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def test_readme_holds_the_generated_options_table():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- options-table:[^>]*-->\n(.*?)\n<!-- /options-table -->", readme, re.S)
-    assert block is not None, "README has no options-table block"
-    assert block.group(1) == options_markdown()
 
 
 def test_sql_job_sets_what_flink_settings_derives_from_its_job_parameters():
@@ -43,11 +35,3 @@ def test_job_help_lists_every_flag_with_its_default():
         assert opt.flag in text
         assert f"default {opt.render_default()}]" in text, opt.flag
 
-
-def test_readme_dead_letter_table_lists_every_reason_once():
-    from pyflink_aisp.outcome import Reason
-
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### Dead letters"):readme.index("## Options")]
-    rows = re.findall(r"^\| `([a-z0-9_]+)` \|", section, re.M)
-    assert sorted(rows) == sorted(r.value for r in Reason)
