@@ -1,7 +1,7 @@
 """Process and port helpers for the local stack: pid files, liveness, ports, polling.
 
-Everything here is Linux-first (``/proc``); on other systems liveness falls back
-to ``kill(pid, 0)`` and command-line checks are skipped.
+Process inspection goes through psutil (liveness, command lines, listening sockets);
+the ephemeral port range is read from Linux's ``/proc/sys/net/ipv4/ip_local_port_range``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import psutil
 
 from pyflink_aisp.errors import EnvironmentSetupError
 
@@ -98,12 +100,12 @@ def is_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # exists, owned by someone else
-    stat = Path(f"/proc/{pid}/stat")
     try:
-        state = stat.read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True  # exists, not ours to inspect
 
 
 _EXEC_RETRIES = 20
@@ -114,25 +116,25 @@ def pid_matches(pid: int, marker: str) -> bool:
 
     Guards against pid reuse: a recorded pid only counts as ours when the
     process still carries the marker (e.g. our config path) in its arguments.
-    Where ``/proc`` is unavailable, liveness alone decides. A live process's
+    Where its command line cannot be read, liveness alone decides. A live process's
     command line reads empty while it is inside ``execve()`` (measured here: 30
     empty reads of running processes over 30 bash subshells exec'ing java); such a
     read is retried for up to ~0.2 s before the process counts as not ours.
     """
-    raw = b""
+    args: list[str] = []
     for _ in range(_EXEC_RETRIES):
         if not is_alive(pid):
             return False
         try:
-            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except FileNotFoundError:
-            return not Path("/proc/self").exists()
-        except OSError:
+            args = psutil.Process(pid).cmdline()
+        except psutil.NoSuchProcess:
             return False
-        if raw:
+        except psutil.Error:
+            return True  # not ours to read: liveness decides
+        if args:
             break
         time.sleep(0.01)  # empty while the process is inside execve() (a daemon script exec'ing java)
-    return marker in raw.replace(b"\0", b" ").decode("utf-8", "replace")
+    return marker in " ".join(args)
 
 
 def wait_until(
@@ -319,12 +321,11 @@ def tail_text(path: Path, max_lines: int = 30) -> str:
 
 
 def command_line(pid: int) -> list[str] | None:
-    """The arguments of process ``pid`` from ``/proc/<pid>/cmdline``; None if unreadable or gone."""
+    """The arguments of process ``pid`` (psutil); None if unreadable, gone or empty."""
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        return psutil.Process(pid).cmdline() or None
+    except psutil.Error:
         return None
-    return [arg.decode("utf-8", "replace") for arg in raw.split(b"\0")[:-1]] if raw else None
 
 
 def args_adjacent(args: Sequence[str], first: str, second: str) -> bool:
@@ -336,52 +337,28 @@ def find_pids(match: Callable[[list[str]], bool]) -> list[int]:
     """Live processes (readable by this user) whose argument list satisfies ``match``, by pid.
 
     Used to find a service's processes by the state-folder paths in their command
-    line when its pid file is gone. Empty where ``/proc`` is unavailable.
+    line when its pid file is gone.
     """
     found = []
     own = os.getpid()
-    for entry in Path("/proc").glob("[0-9]*"):
-        pid = int(entry.name) if entry.name.isdigit() else 0
-        args = command_line(pid) if pid and pid != own else None
-        if args and match(args) and is_alive(pid):
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        pid, args = proc.info["pid"], proc.info["cmdline"]
+        if pid != own and args and match(args) and is_alive(pid):
             found.append(pid)
     return sorted(found)
 
 
-_TCP_LISTEN = "0A"  # state column of /proc/net/tcp (a socket only bound is not listed there)
-
-
-def _socket_inodes(port: int) -> set[str]:
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text(encoding="ascii", errors="replace").splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 10 or fields[3] != _TCP_LISTEN:
-                continue
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[9] != "0":
-                inodes.add(fields[9])
-    return inodes
-
-
 def port_holders(port: int) -> list[int]:
-    """Pids with a socket listening on TCP ``port`` (any address), via ``/proc/net/tcp{,6}``.
+    """Pids with a socket listening on TCP ``port`` (any address), via psutil.
 
-    Only processes whose file descriptors this user may read are seen (one's
-    own); empty where ``/proc`` is unavailable.
+    Only processes whose sockets this user may see are named (as root: all).
     """
-    wanted = {f"socket:[{inode}]" for inode in _socket_inodes(port)}
-    holders = []
-    for fd_dir in Path("/proc").glob("[0-9]*/fd") if wanted else []:
-        try:
-            if any(os.readlink(fd) in wanted for fd in fd_dir.iterdir()):
-                holders.append(int(fd_dir.parent.name))
-        except OSError:  # another user's process, or it just exited
-            continue
-    return sorted(holders)
+    try:
+        listening = psutil.net_connections(kind="tcp")
+    except psutil.Error:
+        return []
+    return sorted({c.pid for c in listening
+                   if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid})
 
 
 def describe_command(args: Sequence[str], max_chars: int = 200) -> str:
@@ -404,7 +381,7 @@ def describe_command(args: Sequence[str], max_chars: int = 200) -> str:
 
 
 def port_taken_error(port: int, ours: str, hint: str) -> EnvironmentSetupError:
-    """The error for a taken ``port``, naming the holders found via ``/proc``.
+    """The error for a taken ``port``, naming the holders (:func:`port_holders`).
 
     Args:
         port: The TCP port on :data:`LOOPBACK`.
@@ -422,6 +399,6 @@ def port_taken_error(port: int, ours: str, hint: str) -> EnvironmentSetupError:
         them = "it" if len(holders) == 1 else "them"
         stop = f"stop {them} with `kill {' '.join(map(str, holders))}` or "
     else:
-        who = f"another process (pid not found via /proc; `ss -tanp 'sport = :{port}'` may name it)"
+        who = f"another process (pid not visible here; `ss -tanp 'sport = :{port}'` may name it)"
         stop = ""
     return EnvironmentSetupError(f"port {port} on {LOOPBACK} is taken by {who}, not by {ours}; {stop}{hint}")
