@@ -162,11 +162,11 @@ def run_runtime(args: argparse.Namespace, assets: Any, texts: list[str], results
     at the job's default model batch size."""
     from _ort_cases import run_runtime_vs_handler
 
-    from pyflink_aisp.pipeline import PipelineOptions
+    from pyflink_aisp.pipeline import InferenceOptions
 
     results["runtime"] = run_runtime_vs_handler(assets, texts, intra_op_threads=args.threads,
                                                 chunk=args.arrow_batch_size,
-                                                batch_size=PipelineOptions().max_batch_size)
+                                                batch_size=InferenceOptions().max_batch_size)
 
 
 def run_udfs(args: argparse.Namespace, assets: Any, texts: list[str], results: dict[str, Any]) -> None:

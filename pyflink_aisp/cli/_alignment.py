@@ -41,7 +41,7 @@ def _cmd_transactions(args: argparse.Namespace) -> int:
     from pyflink_aisp.kafka import abort_transactions, default_bootstrap_servers, list_transactions
     from pyflink_aisp.pipeline import live_jobs_named
 
-    servers = args.bootstrap_servers or default_bootstrap_servers()
+    servers = default_bootstrap_servers(args.bootstrap_servers)
     prefix = args.transactional_id_prefix or args.job_name
     if args.transactions_command == "list":
         rows = list_transactions(servers, prefix)

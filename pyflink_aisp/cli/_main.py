@@ -40,7 +40,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     from pyflink_aisp.datasets import load_rotten_tomatoes
     from pyflink_aisp.kafka import create_topics, default_bootstrap_servers, ingest_records
 
-    bootstrap = args.bootstrap_servers or default_bootstrap_servers()
+    bootstrap = default_bootstrap_servers(args.bootstrap_servers)
     reviews = load_rotten_tomatoes()[: args.limit]
     for info in create_topics(bootstrap, [args.topic], partitions=args.partitions,
                               replication_factor=args.replication_factor):
@@ -62,7 +62,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from pyflink_aisp.alignment import compare_outputs
     from pyflink_aisp.kafka import default_bootstrap_servers, read_topic
 
-    bootstrap = args.bootstrap_servers or default_bootstrap_servers()
+    bootstrap = default_bootstrap_servers(args.bootstrap_servers)
     if args.manifest or not args.topic_b:
         if len(args.manifest or ()) != 2 or args.topic_a:
             raise ConfigError("verify takes two output topics, or --manifest A --manifest B")

@@ -26,10 +26,10 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
-def default_bootstrap_servers() -> str:
-    """``$AISP_KAFKA_BOOTSTRAP``, else the local stack's broker: ``127.0.0.1:$AISP_KAFKA_PORT``
-    (9092 when unset), the same variable ``aisp local up`` reads."""
-    explicit = os.environ.get("AISP_KAFKA_BOOTSTRAP")
+def default_bootstrap_servers(given: str | None = None) -> str:
+    """``given`` when set, else ``$AISP_KAFKA_BOOTSTRAP``, else the local stack's broker:
+    ``127.0.0.1:$AISP_KAFKA_PORT`` (9092 when unset), the same variable ``aisp local up`` reads."""
+    explicit = given or os.environ.get("AISP_KAFKA_BOOTSTRAP")
     return explicit or f"127.0.0.1:{os.environ.get('AISP_KAFKA_PORT', '9092')}"
 
 

@@ -12,29 +12,48 @@ Arrow operators) and :mod:`pyflink_aisp.pipeline.sql` (the SQL functions).
 from __future__ import annotations
 
 from pyflink_aisp.pipeline._config import (
+    INFERENCE_OPTIONS,
     MODEL_DIR_ENV,
+    OPTIONS,
+    InferenceOptions,
     PipelineOptions,
     default_bundle_time_ms,
-    flink_settings,
-    format_job_parameters,
+    option,
 )
 from pyflink_aisp.pipeline._identity import live_jobs_named
-from pyflink_aisp.pipeline._options import OPTIONS, Option, OptionGroup, Runner, option
+from pyflink_aisp.pipeline._options import (
+    GpuProvider,
+    InferenceRuntime,
+    Option,
+    OptionGroup,
+    Precision,
+    Runner,
+    RuntimeMode,
+    options_markdown,
+)
 from pyflink_aisp.pipeline._plan import InputPlan, plan_input, rest_url
+from pyflink_aisp.pipeline._settings import flink_settings, format_job_parameters
 
 __all__ = [
+    "INFERENCE_OPTIONS",
     "MODEL_DIR_ENV",
     "OPTIONS",
+    "GpuProvider",
+    "InferenceOptions",
+    "InferenceRuntime",
     "InputPlan",
     "Option",
     "OptionGroup",
     "PipelineOptions",
+    "Precision",
     "Runner",
+    "RuntimeMode",
     "default_bundle_time_ms",
     "flink_settings",
     "format_job_parameters",
     "live_jobs_named",
     "option",
+    "options_markdown",
     "plan_input",
     "rest_url",
 ]

@@ -43,7 +43,6 @@ from pyflink_aisp.kafka import (
     StartupMode,
     check_transaction_timeout,
     create_topics,
-    default_bootstrap_servers,
     list_topics,
     sink_record_limit,
 )
@@ -51,7 +50,7 @@ from pyflink_aisp.kafka.flink import UndecodableRecord, decode_row
 from pyflink_aisp.outcome import MIN_RECORD_BYTES, DeadLettered, render_dead_letter, render_scored
 from pyflink_aisp.pipeline._arrow_op import ArrowInferenceFunction, arrow_inference_udf
 from pyflink_aisp.pipeline._async_op import BatchedInferenceFunction
-from pyflink_aisp.pipeline._config import PipelineOptions, flink_settings
+from pyflink_aisp.pipeline._config import PipelineOptions
 from pyflink_aisp.pipeline._handlers import handler_for
 from pyflink_aisp.pipeline._identity import check_no_live_job
 from pyflink_aisp.pipeline._options import Runner
@@ -62,10 +61,10 @@ from pyflink_aisp.pipeline._preflight import (
     check_model_paths,
     check_python,
 )
+from pyflink_aisp.pipeline._settings import flink_settings
 
 __all__ = ["SCORED_TYPE", "build_pipeline", "make_environment"]
 
-_DEFAULT_STARTUP = {"batch": StartupMode.EARLIEST, "streaming": StartupMode.GROUP_OFFSETS}
 
 #: Output of the async inference step: Kafka key and value, and whether it is a dead letter.
 #: ``source``: the input record, ``topic/partition/offset`` (written as the :data:`SOURCE_HEADER`).
@@ -82,8 +81,8 @@ def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
 
     Raises:
         ConfigError: No connector jar (see :func:`~pyflink_aisp.pipeline.connector_jars`),
-            or a pre-flight check failed (:func:`~pyflink_aisp.pipeline._preflight.preflight`:
-            jar, model path, Python executable), in one line.
+            or a pre-flight check failed (:mod:`pyflink_aisp.pipeline._preflight`: jar, model
+            path, device, Python executable), in one line.
     """
     jars = connector_jars(options.jars)
     check_model_paths(options)
@@ -99,7 +98,7 @@ def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
     python = config.get("python.executable") or sys.executable
     env.set_python_executable(check_python(python, config.get("python.archives")))
     env.set_parallelism(options.parallelism)
-    if options.mode == "batch":
+    if options.bounded:
         env.set_runtime_mode(RuntimeExecutionMode.BATCH)
     else:
         env.set_runtime_mode(RuntimeExecutionMode.STREAMING)
@@ -143,14 +142,12 @@ def build_pipeline(
         ``.get_job_client().cancel()`` to stop a streaming one).
 
     Raises:
-        ConfigError: No input or output topic, or a range bound that does not fit the
-            topic (:func:`~pyflink_aisp.alignment.resolve_range`).
+        ConfigError: A range bound that does not fit the topic
+            (:func:`~pyflink_aisp.alignment.resolve_range`).
         KafkaError: The broker is unreachable or the input topic does not exist.
         ModelError: The model assets cannot be found or built.
     """
-    if not options.input_topic or not options.output_topic:
-        raise ConfigError("build_pipeline needs input_topic and output_topic")
-    servers = options.bootstrap_servers or default_bootstrap_servers()
+    servers = options.servers
     handler = handler or handler_for(options)
     if options.input_topic not in list_topics(servers):
         raise KafkaError(f"input topic {options.input_topic} does not exist on {servers}")
@@ -190,11 +187,11 @@ def _scored_table(
     handler: ModelHandler[Any, Any, Any], max_record_bytes: int, plan: InputPlan,
 ) -> Table:
     """Source → decode + inference: a table ``(key, value, dead, source)``."""
-    startup = StartupMode(options.startup_mode) if options.startup_mode else _DEFAULT_STARTUP[options.mode]
+    startup = options.effective_startup_mode
     if plan.starts is not None:
         startup = StartupMode.SPECIFIC_OFFSETS
-    source = KafkaSourceTable(name="records_in", topic=str(options.input_topic), bootstrap_servers=servers,
-                              group_id=options.group, bounded=options.mode == "batch", startup_mode=startup,
+    source = KafkaSourceTable(name="records_in", topic=options.input_topic, bootstrap_servers=servers,
+                              group_id=options.group, bounded=options.bounded, startup_mode=startup,
                               start_offsets=plan.starts, stop_offsets=plan.span.ends if plan.span else None)
     t_env.execute_sql(source.ddl())
     raw = t_env.from_path("records_in")

@@ -1,168 +1,166 @@
-"""Parsed options (:class:`PipelineOptions`) and the PyFlink settings derived from them.
+"""The options, declared once: :class:`InferenceOptions` and :class:`PipelineOptions`.
 
-:class:`PipelineOptions` has one field per row of
-:data:`~pyflink_aisp.pipeline._options.OPTIONS`, with the table's defaults (a
-test checks both). It is built from the job's command line
-(:meth:`PipelineOptions.from_args`) or from Flink job parameters
-(:meth:`PipelineOptions.from_job_parameters`, in the SQL functions' and the
-operators' ``open()``), and gives the batching, hot-swap and model configs.
-:func:`flink_settings` derives the PyFlink settings that make its batches and
-latency target reachable.
+Each field is one option (:func:`~pyflink_aisp.pipeline._options.opt`): its
+default, doc, unit, Flink job parameter and bounds sit beside it, and the
+options table (:data:`OPTIONS`: ``--help``, the job parameters, the docs'
+options page) is read from the fields. :class:`InferenceOptions` is what the SQL
+functions and the operators read in ``open()`` (batching, model, worker;
+:meth:`InferenceOptions.from_job_parameters`); :class:`PipelineOptions` adds what
+only a packaged job has (topics, required; ranges, sinks, checkpoints, restarts,
+the operator; :meth:`PipelineOptions.from_args`). Both give the batching,
+hot-swap, breaker and affinity configs; :mod:`pyflink_aisp.pipeline._settings`
+derives the PyFlink settings from them.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import enum
 import os
-from collections.abc import Callable, Mapping, Sequence
+import socket
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from pyflink_aisp.affinity import AffinityPolicy, AffinitySettings
 from pyflink_aisp.alignment import parse_bound
+from pyflink_aisp.device import Device, DeviceKind
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import BatchCuts, BatchingConfig, BreakerConfig, ModelSwapConfig
-from pyflink_aisp.inference.handlers import Pooling, parse_torch_device
+from pyflink_aisp.inference.handlers import Pooling
+from pyflink_aisp.kafka import StartupMode, default_bootstrap_servers
 from pyflink_aisp.pipeline._options import (
-    OPTIONS,
     GpuProvider,
     InferenceRuntime,
     Option,
+    OptionGroup,
     Precision,
     Runner,
-    job_param_options,
+    RuntimeMode,
+    opt,
+    options_of,
     read_job_parameters,
     render_job_parameter,
+    required,
 )
 
-__all__ = ["MODEL_DIR_ENV", "PipelineOptions", "default_bundle_time_ms", "flink_settings",
-           "format_job_parameters"]
+__all__ = ["INFERENCE_OPTIONS", "MODEL_DIR_ENV", "OPTIONS", "InferenceOptions", "PipelineOptions",
+           "add_flags", "default_bundle_time_ms", "option"]
 
 #: Environment variable naming the model asset directory (when no option sets it).
 MODEL_DIR_ENV = "AISP_MODEL_DIR"
-_MODES = ("streaming", "batch")
-_STARTUP_MODES = ("earliest-offset", "latest-offset", "group-offsets")
-#: PyFlink's default ``python.fn-execution.bundle.size`` (1000 in 2.3.0).
-_FLINK_DEFAULT_BUNDLE_SIZE = 1000
-#: Arrow batches per bundle (see :func:`flink_settings`): a bundle end makes the Python worker wait
-#: for the JVM, so a bundle of several batches lets the next one arrive during compute.
-BUNDLE_ARROW_BATCHES = 4
-#: Per-row timeout of PyFlink's async scalar operator: a stalled model fails the job only after it.
-_ASYNC_TIMEOUT_MS = 600_000
+#: The startup modes a job may ask for (``specific-offsets`` is what a range sets itself).
+_STARTUP_CHOICES = (StartupMode.EARLIEST, StartupMode.LATEST, StartupMode.GROUP_OFFSETS)
+#: Where a job starts reading without --startup-mode or --range-start.
+_DEFAULT_STARTUP = {RuntimeMode.BATCH: StartupMode.EARLIEST, RuntimeMode.STREAMING: StartupMode.GROUP_OFFSETS}
+
+J, B, M, W = OptionGroup.JOB, OptionGroup.BATCHING, OptionGroup.MODEL, OptionGroup.WORKER
+
+
+def _coerce(options: Any) -> None:
+    """Strings given for enum or device fields (``mode="batch"``, ``device="cuda"``) become their
+    values, parsed as the flag would be; every value is range-checked."""
+    for option in options_of(type(options)):
+        value = getattr(options, option.name)
+        wants_parse = isinstance(option.kind, type) and issubclass(option.kind, enum.Enum | Device)
+        if isinstance(value, str) and wants_parse and not isinstance(value, option.kind):
+            object.__setattr__(options, option.name, option.parse(value))
+        option.check(getattr(options, option.name))
 
 
 @dataclass(frozen=True, kw_only=True)
-class PipelineOptions:
-    """Every option of the packaged jobs and SQL functions (see ``OPTIONS`` for docs and units).
+class InferenceOptions:
+    """What the inference operators and the SQL functions read: batching, model, worker.
 
     Raises:
-        ConfigError: A value out of range, an unknown mode, the same topic as two of
-            input, output and dead-letter topic, ``--capacity`` below
-            ``--max-batch-size`` for the async operator, ``--encoder-onnx``
-            without ``--encoder-tokenizer``, or batching knobs that
+        ConfigError: A value out of range or of the wrong kind (naming the flag),
+            ``--encoder-onnx`` without ``--encoder-tokenizer``, a precision or hot
+            swap the runtime cannot do, or batching knobs that
             :class:`~pyflink_aisp.inference.BatchingConfig` refuses.
     """
 
-    input_topic: str | None = None
-    output_topic: str | None = None
-    dlq_topic: str | None = None
-    bootstrap_servers: str | None = None
-    job_name: str | None = None
-    group_id: str | None = None
-    transactional_id_prefix: str | None = None
-    mode: str = "streaming"
-    startup_mode: str | None = None
-    range_start: str | None = None
-    range_end: str | None = None
-    manifest_dir: Path | None = None
-    flink_rest_url: str | None = None
-    checkpoint_interval_ms: int = 5000
-    checkpoint_timeout_ms: int = 600_000
-    transaction_timeout_ms: int = 3_600_000
-    parallelism: int = 1
-    jars: str | None = None
-    max_request_size: int = 1_048_576
-    restart_attempts: int = 3
-    restart_interval_s: int = 300
-    restart_delay_s: int = 10
-    with_embedding: bool = False
-    operator: Runner = Runner.ARROW
-    ordered: bool = False
-    capacity: int = 256
-    timeout_s: int = 600
-    max_batch_size: int = 32
-    max_wait_ms: float = 5.0
-    max_idle_ms: float | None = 2.0
-    max_batch_tokens: int | None = None
-    batch_cuts: BatchCuts = BatchCuts.COST
-    length_buckets: tuple[int, ...] = ()
-    latency_slo_ms: float | None = None
-    max_failure_rate: float | None = 0.5
-    failure_window: int = 1000
-    model_dir: Path | None = None
-    runtime: InferenceRuntime = InferenceRuntime.ONNX
-    device: str = "cpu"
-    precision: Precision = Precision.FP32
-    onnx_provider: GpuProvider = GpuProvider.CUDA
-    gpu_affinity: str | None = None
-    gpu_affinity_policy: AffinityPolicy = AffinityPolicy.FAIL
-    gpu_mem_mib: int = 1024
-    model_pointer: Path | None = None
-    model_poll_interval_s: float = 2.0
-    intra_op_threads: int = 0
-    onnx_spin_wait: bool | None = None
-    encoder_onnx: Path | None = None
-    encoder_tokenizer: Path | None = None
-    encoder_output: str | None = None
-    encoder_pooling: Pooling = Pooling.MEAN
-    encoder_normalize: bool = False
-    stats_dir: Path | None = None
-    arrow_batch_size: int = 1024
-    bundle_time_ms: int | None = None
+    max_batch_size: int = opt(32, B, 'Most records per model call.',
+        unit='records', job_param='aisp.batch.max-size', minimum=1)
+    max_wait_ms: float = opt(5.0, B, 'Longest a record waits for companions while the model is idle (async '
+        'operator).', unit='ms', job_param='aisp.batch.max-wait-ms', minimum=0)
+    max_idle_ms: float | None = opt(2.0, B, 'A batch also leaves when no record arrived for this long '
+        '(async operator).', unit='ms', job_param='aisp.batch.max-idle-ms', nullable=True, minimum=0)
+    max_batch_tokens: int | None = opt(None, B, 'Padded-token budget per model call (rows x longest row).',
+        unit='tokens', job_param='aisp.batch.max-tokens', nullable=True, minimum=1)
+    batch_cuts: BatchCuts = opt(BatchCuts.COST, B, 'Where a sorted Arrow batch is cut into model batches: '
+        'cost: the cuts of least cost fitted online (per call + per padded token); fixed: runs of '
+        '--max-batch-size.', job_param='aisp.batch.cuts')
+    length_buckets: tuple[int, ...] = opt((), B, 'Ascending token-length bucket bounds, e.g. 16,32,64: a '
+        'model batch holds one bucket.',
+        unit='tokens', job_param='aisp.batch.length-buckets', nullable=True, minimum=1)
+    latency_slo_ms: float | None = opt(None, B, 'p99 target of the inference operator: shorter bundles (SLO '
+        "/ 30) and no ORT spin-wait; the async operator's batch size and wait are tuned online within their "
+        'maxima.', unit='ms', job_param='aisp.latency-slo-ms', nullable=True, minimum=0.001)
+    max_failure_rate: float | None = opt(0.5, M, 'Circuit breaker: fail the job (Flink restarts it from the '
+        'last checkpoint) when this share of the last --failure-window inferences failed (none: never; '
+        'decode dead letters do not count).',
+        job_param='aisp.breaker.max-failure-rate', nullable=True, minimum=0.001)
+    failure_window: int = opt(1000, M, 'Circuit breaker: inference outcomes in the window (it trips only '
+        'once a tenth of them, at least 1, are in).',
+        unit='records', job_param='aisp.breaker.window', minimum=1)
+    model_dir: Path | None = opt(None, M, 'Built sentiment model assets (default: $AISP_MODEL_DIR, else the '
+        'cached build).', job_param='aisp.model.dir', nullable=True)
+    runtime: InferenceRuntime = opt(InferenceRuntime.ONNX, M, 'What runs the sentiment model: onnx (ONNX '
+        'Runtime) or torch (PyTorch, pip install -e .[torch]).', job_param='aisp.runtime')
+    device: Device = opt(Device(DeviceKind.CPU), M, 'Where the model runs: cpu, cuda (= cuda:0) or '
+        'cuda:N; a GPU that is not usable fails the job at start, never a silent CPU run.',
+        job_param='aisp.device')
+    precision: Precision = opt(Precision.FP32, M, 'Encoder precision (--runtime torch): fp32, fp16 or bf16 '
+        '(torch.autocast; checked at load against fp32 on a probe set, part of the model version).',
+        job_param='aisp.precision')
+    onnx_provider: GpuProvider = opt(GpuProvider.CUDA, M, 'ONNX Runtime execution provider on a GPU: cuda '
+        'or tensorrt (CUDA takes the nodes TensorRT does not).', job_param='aisp.onnx.provider')
+    gpu_affinity: str | None = opt(None, M, 'URL of the GPU affinity service (`aisp affinity serve`): in '
+        'open() each inference subtask leases a GPU or MIG instance (--device cuda; it becomes cuda:0) or, '
+        "with --device cpu, a NUMA node's CPUs (no GPU visible), pins its threads to the lease's CPUs, "
+        'renews it and releases it in close().', job_param='aisp.gpu-affinity', nullable=True)
+    gpu_affinity_policy: AffinityPolicy = opt(AffinityPolicy.FAIL, M, 'When the affinity service cannot be '
+        'reached: fail (the job fails at start) or local (a deterministic local choice, metric '
+        'affinityFallback = 1); never a silent CPU run.', job_param='aisp.gpu-affinity.policy')
+    gpu_mem_mib: int = opt(1024, M, "GPU memory each subtask's lease reserves (--gpu-affinity; the service "
+        'never over-commits a device).', unit='MiB', job_param='aisp.gpu-affinity.mem-mib', minimum=0)
+    model_pointer: Path | None = opt(None, M, 'Hot swap: JSON pointer {"path", "sha256"} polled by every '
+        'worker (`aisp model publish`).', job_param='aisp.model.pointer', nullable=True)
+    model_poll_interval_s: float = opt(2.0, M, 'Hot swap: seconds between two reads of the pointer.',
+        unit='s', job_param='aisp.model.poll-interval-s', minimum=0.001)
+    intra_op_threads: int = opt(0, M, 'ONNX Runtime intra-op threads (0: one per physical core).',
+        job_param='aisp.onnx.intra-op-threads', minimum=0)
+    onnx_spin_wait: bool | None = opt(None, M, 'ONNX Runtime intra-op threads spin between runs (true: '
+        'fastest back-to-back batches; false: leaves idle CPU to the JVMs; default: false with '
+        "--latency-slo-ms, else ORT's default, true).", job_param='aisp.onnx.spin-wait', nullable=True)
+    encoder_onnx: Path | None = opt(None, M, 'A generic ONNX text encoder instead of the sentiment model: '
+        'the job writes {"id", "embedding", "model_sha256"}.', job_param='aisp.encoder.onnx', nullable=True)
+    encoder_tokenizer: Path | None = opt(None, M, 'tokenizer.json of --encoder-onnx.',
+        job_param='aisp.encoder.tokenizer', nullable=True)
+    encoder_output: str | None = opt(None, M, 'Graph output of --encoder-onnx to pool (needed when the '
+        'graph has several outputs).', job_param='aisp.encoder.output', nullable=True)
+    encoder_pooling: Pooling = opt(Pooling.MEAN, M, 'none (output is per text), mean (attention-mask mean '
+        'over tokens) or cls (first token) for --encoder-onnx.', job_param='aisp.encoder.pooling')
+    encoder_normalize: bool = opt(False, M, 'L2-normalise the vectors of --encoder-onnx.',
+        job_param='aisp.encoder.normalize')
+    stats_dir: Path | None = opt(None, M, 'SQL functions: directory where each worker writes its batch '
+        'statistics as JSON.', job_param='aisp.stats.dir', nullable=True)
+    arrow_batch_size: int = opt(1024, W, 'python.fn-execution.arrow.batch.size: most records per Arrow '
+        'batch (arrow operator, pandas SQL function); the batcher cuts model batches from it.',
+        unit='records', minimum=1)
+    bundle_time_ms: int | None = opt(None, W, 'python.fn-execution.bundle.time: longest a result waits in '
+        'the Python worker (default 50, or --latency-slo-ms / 30 within [5, 50]).',
+        unit='ms', nullable=True, minimum=1)
 
     def __post_init__(self) -> None:
-        for opt in OPTIONS:
-            opt.check(getattr(self, opt.name))
-        if self.mode not in _MODES:
-            raise ConfigError(f"--mode must be one of {list(_MODES)}, got {self.mode!r}")
-        if self.startup_mode is not None and self.startup_mode not in _STARTUP_MODES:
-            raise ConfigError(f"--startup-mode must be one of {list(_STARTUP_MODES)}, "
-                              f"got {self.startup_mode!r}")
-        if self.startup_mode is not None and self.range_start is not None:
-            raise ConfigError("--range-start and --startup-mode both say where reading starts: give one")
-        for flag, bound in (("--range-start", self.range_start), ("--range-end", self.range_end)):
-            if bound is not None:
-                try:
-                    parse_bound(bound)
-                except ConfigError as exc:
-                    raise ConfigError(f"{flag}: {exc}") from None
+        _coerce(self)
         self.batching()  # validate the batching knobs before any JVM or broker is touched
-        if self.operator is Runner.ASYNC and self.capacity < self.max_batch_size:
-            raise ConfigError(f"--capacity ({self.capacity}) must be >= --max-batch-size "
-                              f"({self.max_batch_size}): records in flight cap the batch")
-        if self.input_topic and self.output_topic:
-            named = {"--input-topic": self.input_topic, "--output-topic": self.output_topic,
-                     "--dlq-topic": self.dlq}
-            if len(set(named.values())) < 3:
-                raise ConfigError("the input, output and dead-letter topics must differ (a job that reads "
-                                  f"its own output or dead letters loops without end): {named}")
-        floor = self.min_transaction_timeout_ms
-        if self.transaction_timeout_ms < floor:
-            raise ConfigError(f"--transaction-timeout-ms {self.transaction_timeout_ms} is below {floor}: 2 x "
-                              "(--checkpoint-interval-ms + --checkpoint-timeout-ms) + --restart-delay-s, and "
-                              "2 x --timeout-s; a transaction that times out before its checkpoint commits "
-                              "is lost")
         if self.max_failure_rate is not None and self.max_failure_rate > 1:
             raise ConfigError(f"--max-failure-rate must be <= 1 (a share of the window), "
                               f"got {self.max_failure_rate}")
         if (self.encoder_onnx is None) != (self.encoder_tokenizer is None):
             raise ConfigError("--encoder-onnx and --encoder-tokenizer go together")
-        try:
-            parse_torch_device(self.device)
-        except ConfigError as exc:
-            raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}") from exc
         if self.encoder_onnx is not None and self.runtime is InferenceRuntime.TORCH:
             raise ConfigError("--encoder-onnx runs on ONNX Runtime: --runtime torch does not apply to it")
         if self.precision is not Precision.FP32 and self.runtime is not InferenceRuntime.TORCH:
@@ -190,21 +188,21 @@ class PipelineOptions:
             named = [o.flag for o in OPTIONS if o.name in str(exc)]
             raise ConfigError(f"{named[0]}: {exc}" if named else str(exc)) from exc
 
+    @property
+    def lease_job(self) -> str:
+        """The job of the affinity lease key: ``aisp-sql-<host>-<pid>`` of the worker for a SQL
+        function (no job name there), so two SQL jobs never share a lease."""
+        return f"aisp-sql-{socket.gethostname()}-{os.getpid()}"
+
     def affinity(self) -> AffinitySettings | None:
-        """The workers' affinity settings (None without ``--gpu-affinity``). The lease key's
-        job is the job name; without topics (SQL functions) and without ``--job-name`` it is
-        ``aisp-sql-<host>-<pid>`` of the worker, so two SQL jobs never share a lease.
+        """The workers' affinity settings (None without ``--gpu-affinity``), keyed by :attr:`lease_job`.
 
         Raises:
             ConfigError: Not an http(s) URL, or ``--device cuda:N`` with N > 0 (the service picks the GPU).
         """
         if self.gpu_affinity is None:
             return None
-        import socket
-
-        job = self.job_name or (self.name if self.input_topic
-                                else f"aisp-sql-{socket.gethostname()}-{os.getpid()}")
-        return AffinitySettings(url=self.gpu_affinity, job=job, device=self.resolved_device,
+        return AffinitySettings(url=self.gpu_affinity, job=self.lease_job, device=self.resolved_device,
                                 mem_bytes=self.gpu_mem_mib * 2**20, policy=self.gpu_affinity_policy)
 
     def breaker(self) -> BreakerConfig | None:
@@ -236,8 +234,167 @@ class PipelineOptions:
 
     @property
     def resolved_device(self) -> str:
-        """``device`` normalised: ``"cpu"`` or ``"cuda:N"``."""
-        return parse_torch_device(self.device)
+        """``device`` by its canonical name: ``"cpu"`` or ``"cuda:N"``."""
+        return str(self.device)
+
+    @property
+    def resolved_model_dir(self) -> Path | None:
+        """``model_dir``, else ``$AISP_MODEL_DIR``, else None (the cached build)."""
+        env = os.environ.get(MODEL_DIR_ENV)
+        return self.model_dir or (Path(env) if env else None)
+
+    # -- job parameters ------------------------------------------------------------------
+
+    @classmethod
+    def from_job_parameters(cls, get: Callable[[str, str], str], *, base: Self | None = None) -> Self:
+        """``base`` (default: the defaults) overridden by the job parameters that are set.
+
+        Args:
+            get: ``FunctionContext.get_job_parameter`` (``(key, default) -> str``).
+            base: Values for the parameters that are not set (required for a class with
+                required fields, such as :class:`PipelineOptions`).
+
+        Raises:
+            ConfigError: A parameter does not parse or is out of range (named).
+        """
+        values = read_job_parameters(options_of(cls), get)
+        try:
+            return replace(base or cls(), **values)
+        except ConfigError as exc:
+            for option in options_of(cls):
+                flag, param = option.flag, option.job_param
+                if param and (str(exc).startswith(flag + ":") or str(exc).startswith(flag + " ")):
+                    raise ConfigError(f"job parameter {param}: {exc}") from exc
+            raise
+
+    def job_parameters(self) -> dict[str, str]:
+        """The options that are job parameters, as strings (the inverse of
+        :meth:`from_job_parameters`); unset paths are left out."""
+        params = {}
+        for option in options_of(type(self)):
+            value = getattr(self, option.name)
+            if option.job_param is None or (value is None and option.kind is Path):
+                continue
+            params[option.job_param] = render_job_parameter(option, value)
+        return params
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineOptions(InferenceOptions):
+    """Every option of a packaged job: :class:`InferenceOptions` and the job's own.
+
+    Raises:
+        ConfigError: As :class:`InferenceOptions`; also an unknown startup mode, both
+            ``--startup-mode`` and ``--range-start``, a bound that does not parse, the same
+            topic as two of input, output and dead-letter topic, ``--capacity`` below
+            ``--max-batch-size`` for the async operator, or a transaction timeout below
+            :attr:`min_transaction_timeout_ms`.
+        TypeError: ``input_topic`` or ``output_topic`` missing.
+    """
+
+    input_topic: str = required(J, 'Kafka topic of JSON records {"id", "text", ...}.')
+    output_topic: str = required(J, 'Kafka topic of the scored records (exactly once).')
+    dlq_topic: str | None = opt(None, J, 'Dead-letter topic (default: <output-topic>.dlq).')
+    bootstrap_servers: str | None = opt(None, J, 'Kafka bootstrap servers (default: $AISP_KAFKA_BOOTSTRAP, '
+        'else 127.0.0.1:$AISP_KAFKA_PORT).')
+    job_name: str | None = opt(None, J, 'Name of the job: the Flink job name, and the consumer group and '
+        "the sinks' transactional id prefix unless set (default: aisp-<input-topic>-<output-topic>); a "
+        'second live job of that name on the cluster is refused.')
+    group_id: str | None = opt(None, J, 'Consumer group (default: the job name).')
+    transactional_id_prefix: str | None = opt(None, J, 'Kafka transactional id prefix of the sinks, unique '
+        'per job, stable across restarts (default: the job name).')
+    mode: RuntimeMode = opt(RuntimeMode.STREAMING, J, 'Flink runtime mode: streaming (unbounded, '
+        'checkpoints) or batch (bounded at the latest offsets at start).')
+    startup_mode: StartupMode | None = opt(None, J, 'Kafka scan.startup.mode (default: group-offsets in '
+        'streaming, earliest-offset in batch).')
+    range_start: str | None = opt(None, J, 'Where reading starts: earliest, latest, timestamp:T, '
+        "offsets:P=O,..., group:G, checkpoint:JOB (a streaming job's last completed checkpoint) or "
+        'manifest:PATH (where a run ended); checked against the topic before the job starts (default: '
+        '--startup-mode).')
+    range_end: str | None = opt(None, J, 'Where reading stops, exclusive, in the same forms (batch default: '
+        'latest, the last stable offset at start; streaming default: no end).')
+    manifest_dir: Path | None = opt(None, J, 'Write run manifests (JSON) here: at the end of a batch run, '
+        'and for each completed checkpoint of a stream while the submitting client runs attached.')
+    flink_rest_url: str | None = opt(None, J, 'Flink REST API for checkpoint:JOB bounds and stream '
+        'manifests (default: the cluster flink run submits to, else '
+        'http://127.0.0.1:$AISP_FLINK_REST_PORT).')
+    checkpoint_interval_ms: int = opt(5000, J, 'Checkpoint interval (streaming); transactions commit on '
+        'each checkpoint.', unit='ms', minimum=1)
+    checkpoint_timeout_ms: int = opt(600_000, J, 'A checkpoint not completed within this long is declined '
+        '(execution.checkpointing.timeout).', unit='ms', minimum=1)
+    transaction_timeout_ms: int = opt(3_600_000, J, 'Kafka transaction.timeout.ms of the exactly-once '
+        'sinks: at least 2 x (checkpoint interval + checkpoint timeout) + restart delay and 2 x '
+        '--timeout-s, so a transaction outlives a slow checkpoint and a restart; checked against the '
+        "brokers' transaction.max.timeout.ms before the job starts.", unit='ms', minimum=1000)
+    parallelism: int = opt(1, J, 'Parallelism of the job.', minimum=1)
+    jars: str | None = opt(None, J, "pipeline.jars: ';'-separated file:// URLs of the Flink Kafka connector "
+        '(default: $AISP_CONNECTOR_JARS, else the jar cache of `aisp local jars`).')
+    max_request_size: int = opt(1_048_576, J, 'Kafka producer max.request.size of the sinks; an output that '
+        "would not fit in it or in the topic's max.message.bytes (less 1 KiB of record overhead) goes to "
+        'the DLQ as oversized_output (at most buffer.memory, 32 MiB, counts).',
+        unit='bytes', minimum=33 * 1024)
+    restart_attempts: int = opt(3, J, 'Restart strategy failure-rate: most job failures within '
+        '--restart-interval-s before the job stays FAILED (0: no restart).', minimum=0)
+    restart_interval_s: int = opt(300, J, 'Restart strategy failure-rate: the window of --restart-attempts.',
+        unit='s', minimum=1)
+    restart_delay_s: int = opt(10, J, 'Restart strategy: wait before each restart.', unit='s', minimum=0)
+    with_embedding: bool = opt(False, J, 'Also write the 384-float embedding of each record.')
+    operator: Runner = opt(Runner.ARROW, J, 'arrow: Arrow batches through a vectorized map (throughput); '
+        'async: one coroutine per record (low-rate streams, --ordered).')
+    ordered: bool = opt(False, J, 'async operator: emit in input order (AsyncDataStream.ordered_wait).')
+    capacity: int = opt(256, J, 'async operator: records in flight (>= --max-batch-size; 4x lets the next '
+        'batch form while the model runs).', unit='records', minimum=1)
+    timeout_s: int = opt(600, J, 'async operator: per-record timeout; a record past it is dead-lettered.',
+        unit='s', minimum=1)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.startup_mode is not None and self.startup_mode not in _STARTUP_CHOICES:
+            raise ConfigError(f"--startup-mode must be one of {[m.value for m in _STARTUP_CHOICES]}, "
+                              f"got {self.startup_mode.value!r}")
+        if self.startup_mode is not None and self.range_start is not None:
+            raise ConfigError("--range-start and --startup-mode both say where reading starts: give one")
+        for flag, bound in (("--range-start", self.range_start), ("--range-end", self.range_end)):
+            if bound is not None:
+                try:
+                    parse_bound(bound)
+                except ConfigError as exc:
+                    raise ConfigError(f"{flag}: {exc}") from None
+        if self.operator is Runner.ASYNC and self.capacity < self.max_batch_size:
+            raise ConfigError(f"--capacity ({self.capacity}) must be >= --max-batch-size "
+                              f"({self.max_batch_size}): records in flight cap the batch")
+        named = {"--input-topic": self.input_topic, "--output-topic": self.output_topic,
+                 "--dlq-topic": self.dlq}
+        if len(set(named.values())) < 3:
+            raise ConfigError("the input, output and dead-letter topics must differ (a job that reads "
+                              f"its own output or dead letters loops without end): {named}")
+        floor = self.min_transaction_timeout_ms
+        if self.transaction_timeout_ms < floor:
+            raise ConfigError(f"--transaction-timeout-ms {self.transaction_timeout_ms} is below {floor}: 2 x "
+                              "(--checkpoint-interval-ms + --checkpoint-timeout-ms) + --restart-delay-s, and "
+                              "2 x --timeout-s; a transaction that times out before its checkpoint commits "
+                              "is lost")
+
+    @property
+    def lease_job(self) -> str:
+        """The job of the affinity lease key: the job's name."""
+        return self.name
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the job runs in BATCH mode (its source is bounded)."""
+        return self.mode is RuntimeMode.BATCH
+
+    @property
+    def effective_startup_mode(self) -> StartupMode:
+        """``startup_mode``, else earliest in batch and the group's offsets in streaming."""
+        return self.startup_mode or _DEFAULT_STARTUP[self.mode]
+
+    @property
+    def servers(self) -> str:
+        """The Kafka bootstrap servers: ``bootstrap_servers``, else
+        :func:`~pyflink_aisp.kafka.default_bootstrap_servers`."""
+        return default_bootstrap_servers(self.bootstrap_servers)
 
     @property
     def dlq(self) -> str:
@@ -272,14 +429,6 @@ class PipelineOptions:
         ``-scores`` / ``-dlq``."""
         return self.transactional_id_prefix or self.name
 
-    @property
-    def resolved_model_dir(self) -> Path | None:
-        """``model_dir``, else ``$AISP_MODEL_DIR``, else None (the cached build)."""
-        env = os.environ.get(MODEL_DIR_ENV)
-        return self.model_dir or (Path(env) if env else None)
-
-    # -- sources -------------------------------------------------------------------------
-
     @classmethod
     def from_args(cls, argv: Sequence[str] | None = None, *, description: str = "") -> PipelineOptions:
         """The command line → options (``--help`` from the table; exits 2 on a bad flag)."""
@@ -291,64 +440,6 @@ class PipelineOptions:
         except ConfigError as exc:
             parser.error(str(exc))
             raise  # parser.error exits
-
-    @classmethod
-    def from_job_parameters(
-        cls, get: Callable[[str, str], str], *, base: PipelineOptions | None = None
-    ) -> PipelineOptions:
-        """``base`` (default: the defaults) overridden by the job parameters that are set.
-
-        Args:
-            get: ``FunctionContext.get_job_parameter`` (``(key, default) -> str``).
-            base: Values for the parameters that are not set.
-
-        Raises:
-            ConfigError: A parameter does not parse or is out of range (named).
-        """
-        values = read_job_parameters(get)
-        try:
-            return replace(base or cls(), **values)
-        except ConfigError as exc:
-            names = {o.flag: o.job_param for o in job_param_options()}
-            for flag, param in names.items():
-                if str(exc).startswith(flag + ":") or str(exc).startswith(flag + " "):
-                    raise ConfigError(f"job parameter {param}: {exc}") from exc
-            raise
-
-    def job_parameters(self) -> dict[str, str]:
-        """The options that are job parameters, as strings (the inverse of
-        :meth:`from_job_parameters`); unset paths are left out."""
-        params = {}
-        for opt in job_param_options():
-            value = getattr(self, opt.name)
-            if value is None and opt.kind is Path:
-                continue
-            assert opt.job_param is not None
-            params[opt.job_param] = render_job_parameter(opt, value)
-        return params
-
-
-def _flag_type(opt: Option) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            return opt.parse(text)
-        except ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-
-    parse.__name__ = opt.name  # argparse names the type in its error
-    return parse
-
-
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per option to ``parser`` (bools become ``store_true`` switches, except
-    a nullable bool, which takes ``true``, ``false`` or ``none``)."""
-    for opt in OPTIONS:
-        help_text = f"{opt.doc} [{opt.unit + ', ' if opt.unit else ''}default {opt.render_default()}]"
-        if opt.kind is bool and not opt.nullable:
-            parser.add_argument(opt.flag, action="store_true", help=help_text)
-        else:
-            parser.add_argument(opt.flag, type=_flag_type(opt), default=opt.default,
-                                required=opt.required, help=help_text.replace("%", "%%"))
 
 
 def default_bundle_time_ms(latency_slo_ms: float | None) -> int:
@@ -374,70 +465,40 @@ def default_bundle_time_ms(latency_slo_ms: float | None) -> int:
     return 50 if latency_slo_ms is None else max(5, min(50, int(latency_slo_ms / 30)))
 
 
-def flink_settings(options: PipelineOptions) -> dict[str, str]:
-    """PyFlink settings that let the operators form their batches within the latency target.
+#: Every option of a packaged job, in ``--help`` and options-page order.
+OPTIONS: tuple[Option, ...] = options_of(PipelineOptions)
+#: The options a SQL function reads.
+INFERENCE_OPTIONS: tuple[Option, ...] = options_of(InferenceOptions)
+_BY_NAME = {o.name: o for o in OPTIONS}
 
-    * ``python.fn-execution.bundle.time`` = :attr:`PipelineOptions.effective_bundle_time_ms`
-      (results leave the Python worker when a bundle ends);
-    * ``python.fn-execution.arrow.batch.size`` = ``arrow_batch_size``: one
-      pandas call per Arrow batch; the batcher cuts it into model batches of
-      ``max_batch_size`` sorted by length, so a larger Arrow batch pads less;
-    * ``python.fn-execution.bundle.size`` = max(1000, :data:`BUNDLE_ARROW_BATCHES` x
-      ``arrow_batch_size``, 8 x ``max_batch_size``): PyFlink caps the Arrow batch at
-      the bundle size, and at each bundle end the JVM waits for every result in
-      flight before it sends more, so the Python worker idles until the next batch
-      arrives. Measured with a backlog (12,808 reviews, Arrow batches of 1,024, 2
-      cores): a bundle of one batch left the worker idle 100-230 ms after every
-      batch (busy 90-91 % of the run), of 4 batches only once per 4 (busy 93-95 %;
-      about 5 ms between the batches within a bundle), of 8 batches 94-96 %. Four:
-      each checkpoint barrier also waits for the bundle in flight (~7 s of compute
-      here), and without a backlog bundles end on ``bundle.time`` first;
-    * ``table.exec.async-scalar.max-concurrent-operations`` = 2 x
-      ``max_batch_size``: rows in flight cap the SQL async function's batch (its
-      default of 10 capped it at 10 here); twice lets the next batch fill
-      during compute; ``timeout`` 10 min (a slow model backpressures instead of
-      failing the job); ``retry-strategy`` ``NO_RETRY`` (the function never raises
-      for a row);
-    * ``execution.checkpointing.timeout`` = ``checkpoint_timeout_ms``;
-    * ``restart-strategy.type`` ``failure-rate``: at most ``restart_attempts``
-      restarts within ``restart_interval_s``, ``restart_delay_s`` apart, then the
-      job stays FAILED (Flink's default with checkpoints restarts without end,
-      so a record that fails the job every time would be replayed forever);
-      ``none`` for ``restart_attempts`` = 0.
 
-    Returns:
-        Flink configuration key → value (``t_env.get_config().set`` or SQL ``SET``).
+def option(name: str) -> Option:
+    """The option of a field name.
+
+    Raises:
+        KeyError: no such option.
     """
-    size = options.max_batch_size
-    return {**_restart_settings(options),
-        "execution.checkpointing.timeout": f"{options.checkpoint_timeout_ms} ms",
-        "python.fn-execution.bundle.time": str(options.effective_bundle_time_ms),
-        "python.fn-execution.bundle.size": str(min(2**31 - 1, max(
-            _FLINK_DEFAULT_BUNDLE_SIZE, BUNDLE_ARROW_BATCHES * options.arrow_batch_size, 8 * size))),
-        "python.fn-execution.arrow.batch.size": str(options.arrow_batch_size),
-        "table.exec.async-scalar.max-concurrent-operations": str(min(2**31 - 1, 2 * size)),
-        "table.exec.async-scalar.timeout": f"{_ASYNC_TIMEOUT_MS} ms",
-        "table.exec.async-scalar.retry-strategy": "NO_RETRY",
-    }
+    return _BY_NAME[name]
 
 
-def _restart_settings(options: PipelineOptions) -> dict[str, str]:
-    """The failure-rate restart strategy of :func:`flink_settings` (Flink docs,
-    "Task Failure Recovery": ``restart-strategy.failure-rate.*``)."""
-    if options.restart_attempts == 0:
-        return {"restart-strategy.type": "none"}
-    return {
-        "restart-strategy.type": "failure-rate",
-        "restart-strategy.failure-rate.max-failures-per-interval": str(options.restart_attempts),
-        "restart-strategy.failure-rate.failure-rate-interval": f"{options.restart_interval_s} s",
-        "restart-strategy.failure-rate.delay": f"{options.restart_delay_s} s",
-    }
+def _flag_type(row: Option) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return row.parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    parse.__name__ = row.name  # argparse names the type in its error
+    return parse
 
 
-def format_job_parameters(params: Mapping[str, str]) -> str:
-    """``params`` as a ``pipeline.global-job-parameters`` value: a JSON object,
-    which Flink 2.x parses as a YAML flow map (any path, ``,``, ``:`` or quote
-    survives; the legacy ``k:v,k:v`` form splits them)."""
-    return json.dumps(dict(params))
-
-
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per option to ``parser`` (bools become ``store_true`` switches, except
+    a nullable bool, which takes ``true``, ``false`` or ``none``)."""
+    for row in OPTIONS:
+        help_text = f"{row.doc} [{row.unit + ', ' if row.unit else ''}default {row.render_default()}]"
+        if row.kind is bool and not row.nullable:
+            parser.add_argument(row.flag, action="store_true", help=help_text)
+        else:
+            parser.add_argument(row.flag, type=_flag_type(row), default=row.default,
+                                required=row.required, help=help_text.replace("%", "%%"))

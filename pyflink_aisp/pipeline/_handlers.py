@@ -12,13 +12,13 @@ from pyflink_aisp.inference.handlers import (
     TorchSentimentHandler,
 )
 from pyflink_aisp.models import ensure_model_assets, load_model_assets
-from pyflink_aisp.pipeline._config import PipelineOptions
+from pyflink_aisp.pipeline._config import InferenceOptions
 from pyflink_aisp.pipeline._options import GpuProvider, InferenceRuntime
 
 __all__ = ["handler_for", "model_assets", "onnx_providers"]
 
 
-def model_assets(options: PipelineOptions) -> Any:
+def model_assets(options: InferenceOptions) -> Any:
     """The sentiment :class:`~pyflink_aisp.models.ModelAssets`: ``model_dir``, else
     ``$AISP_MODEL_DIR``, else the cached build (built on first use, ~30 s).
 
@@ -30,7 +30,7 @@ def model_assets(options: PipelineOptions) -> Any:
     return load_model_assets(directory) if directory is not None else ensure_model_assets()
 
 
-def onnx_providers(options: PipelineOptions) -> tuple[tuple[ExecutionProvider, ...], int | None]:
+def onnx_providers(options: InferenceOptions) -> tuple[tuple[ExecutionProvider, ...], int | None]:
     """ONNX Runtime execution providers and CUDA device index for ``device``:
     CPU only for ``cpu``; for ``cuda:N`` CUDA (or TensorRT then CUDA) on device N,
     without the CPU provider (ORT places the nodes no GPU provider takes on the
@@ -44,7 +44,7 @@ def onnx_providers(options: PipelineOptions) -> tuple[tuple[ExecutionProvider, .
     return gpu, int(device.split(":")[1])
 
 
-def handler_for(options: PipelineOptions) -> ModelHandler[Any, Any, Any]:
+def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
     """The handler the options name: the sentiment model on ONNX Runtime or PyTorch
     (``runtime``) on ``device``, or the generic ONNX encoder of ``encoder_onnx`` +
     ``encoder_tokenizer``.
@@ -56,7 +56,7 @@ def handler_for(options: PipelineOptions) -> ModelHandler[Any, Any, Any]:
     threads = options.intra_op_threads or None
     providers, device_id = onnx_providers(options)
     if options.encoder_onnx is not None:
-        assert options.encoder_tokenizer is not None  # PipelineOptions checks they go together
+        assert options.encoder_tokenizer is not None  # InferenceOptions checks they go together
         return OnnxEncoderHandler(
             model_path=options.encoder_onnx, tokenizer_path=options.encoder_tokenizer,
             output=options.encoder_output, pooling=options.encoder_pooling,

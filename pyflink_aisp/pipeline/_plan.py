@@ -28,7 +28,7 @@ from pyflink_aisp.alignment import (
     topic_offsets,
 )
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.kafka import default_bootstrap_servers, list_topics
+from pyflink_aisp.kafka import StartupMode, list_topics
 from pyflink_aisp.pipeline._config import PipelineOptions
 
 __all__ = ["InputPlan", "group_or_earliest", "plan_input", "rest_url", "resume_offsets"]
@@ -87,9 +87,9 @@ def resume_offsets(options: PipelineOptions, servers: str, offsets: TopicOffsets
         KafkaError: A topic cannot be read.
     """
     starts = group_or_earliest(servers, options.group, offsets)
-    if not {str(options.output_topic), options.dlq} <= list_topics(servers):
+    if not {options.output_topic, options.dlq} <= list_topics(servers):
         return starts  # a first run: nothing written yet
-    tracker = OutcomeTracker(servers, offsets.topic, str(options.output_topic), options.dlq, job=options.name)
+    tracker = OutcomeTracker(servers, offsets.topic, options.output_topic, options.dlq, job=options.name)
     try:
         tracker.advance()
         written = tracker.ends()
@@ -113,9 +113,7 @@ def plan_input(options: PipelineOptions, *, config: Mapping[str, str] | None = N
             or names a job without a completed checkpoint.
         KafkaError: The topic does not exist or the broker does not answer.
     """
-    if not options.input_topic:
-        raise ConfigError("the job needs --input-topic")
-    servers = options.bootstrap_servers or default_bootstrap_servers()
+    servers = options.servers
     topic = options.input_topic
     rest = rest_url(options, config)
 
@@ -125,27 +123,28 @@ def plan_input(options: PipelineOptions, *, config: Mapping[str, str] | None = N
 
     offsets = topic_offsets(servers, topic)
     start = parse_bound(options.range_start) if options.range_start else None
-    startup = options.startup_mode or ("earliest-offset" if options.mode == "batch" else "group-offsets")
+    startup = options.effective_startup_mode
     if start is None:
-        if startup == "earliest-offset":
+        if startup is StartupMode.EARLIEST:
             start_offsets = dict(offsets.earliest)
-        elif startup == "latest-offset":
+        elif startup is StartupMode.LATEST:
             start_offsets = dict(offsets.latest)
-        elif options.mode == "streaming":
+        elif not options.bounded:
             start_offsets = resume_offsets(options, servers, offsets)
         else:
             start_offsets = group_or_earliest(servers, options.group, offsets)
         start = parse_bound("offsets:" + ",".join(f"{p}={o}" for p, o in sorted(start_offsets.items())))
-    end = options.range_end or ("latest" if options.mode == "batch" else None)
+    end = options.range_end or ("latest" if options.bounded else None)
     if end is not None:
         span = resolve_range(servers, topic, start, end, checkpoint=resolver)
         return InputPlan(starts=span.starts, span=span,
-                         stream_starts=span.starts if options.mode == "streaming" else None)
+                         stream_starts=span.starts if not options.bounded else None)
     starts = resolve_bound(start, servers, offsets, checkpoint=resolver)
     latest = TopicRange.between(topic, offsets.earliest, offsets.latest)  # checks the bounds below
     for p, o in sorted(starts.items()):
         if not latest.ends[p] >= o >= latest.starts[p]:
             raise ConfigError(f"{topic}[{p}]: start offset {o} ({start}) is outside the partition's "
                               f"offsets [{latest.starts[p]}, {latest.ends[p]}]")
-    explicit = options.range_start is not None or startup == "group-offsets"  # resume_offsets decided
+    # resume_offsets decided
+    explicit = options.range_start is not None or startup is StartupMode.GROUP_OFFSETS
     return InputPlan(starts=starts if explicit else None, stream_starts=starts)

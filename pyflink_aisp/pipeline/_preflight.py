@@ -3,7 +3,7 @@
 Without it a missing connector jar surfaces as a 100-line Py4J trace ending
 in ``ValidationException: Unable to create a source ... 'connector'='kafka'``,
 a missing model directory or Python executable only when a TaskManager opens
-the operator. :func:`preflight` checks, on the client:
+the operator. :func:`~pyflink_aisp.pipeline._build.make_environment` checks, on the client:
 
 * every ``pipeline.jars`` entry of the job is a readable jar file (``file://``
   URLs; other schemes are the cluster's to fetch), and together they provide
@@ -31,11 +31,11 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.pipeline._config import PipelineOptions
+from pyflink_aisp.pipeline._config import InferenceOptions
 from pyflink_aisp.pipeline._options import InferenceRuntime
 
 __all__ = ["KAFKA_FACTORY", "archive_targets", "check_connector_jars", "check_device", "check_model_paths",
-           "check_python", "nvidia_gpu_count", "preflight"]
+           "check_python", "nvidia_gpu_count"]
 
 #: The table factory of ``'connector' = 'kafka'`` in flink-sql-connector-kafka (4.x, 5.x).
 KAFKA_FACTORY = "org.apache.flink.streaming.connectors.kafka.table.KafkaDynamicTableFactory"
@@ -112,7 +112,7 @@ def check_connector_jars(urls: list[str]) -> None:
                           "add kafka-clients to --jars")
 
 
-def check_model_paths(options: PipelineOptions) -> None:
+def check_model_paths(options: InferenceOptions) -> None:
     """The model directory, encoder files and hot-swap pointer directory the options name
     are there and readable (the model build itself is checked when it loads).
 
@@ -136,7 +136,7 @@ def check_model_paths(options: PipelineOptions) -> None:
                           "`aisp model publish POINTER MODEL`)")
 
 
-def check_device(options: PipelineOptions) -> None:
+def check_device(options: InferenceOptions) -> None:
     """The model's device is usable on this host (the workers of the local cluster
     share it; a remote cluster's TaskManagers are checked again when the model
     loads, which also refuses an unusable GPU): never a silent CPU run.
@@ -239,15 +239,3 @@ def check_python(executable: str, archives: str | None = None) -> str:
         raise ConfigError(f"the workers' Python executable {executable} {where}: run the job with the "
                           "project's Python (e.g. .venv/bin/python, or `flink run -pyexec /abs/python`)")
     return found
-
-
-def preflight(options: PipelineOptions, jars: list[str], python: str) -> None:
-    """All checks of the module docstring, cheapest first.
-
-    Raises:
-        ConfigError: The first problem found, in one line.
-    """
-    check_python(python)
-    check_model_paths(options)
-    check_device(options)
-    check_connector_jars(jars)

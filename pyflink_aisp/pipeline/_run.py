@@ -30,7 +30,6 @@ from pyflink_aisp.alignment import (
 )
 from pyflink_aisp.errors import AispError, ConfigError
 from pyflink_aisp.inference import ModelHandler
-from pyflink_aisp.kafka import default_bootstrap_servers
 from pyflink_aisp.pipeline._build import build_pipeline, make_environment
 from pyflink_aisp.pipeline._config import PipelineOptions
 from pyflink_aisp.pipeline._handlers import model_assets
@@ -62,7 +61,7 @@ def model_files(options: PipelineOptions) -> dict[str, str]:
 def _manifest(options: PipelineOptions, span: TopicRange, tracker: OutcomeTracker,
               files: dict[str, str], checkpoint_id: int | None) -> RunManifest:
     return RunManifest(job_name=options.name, code_version=code_version(), mode=options.mode, range=span,
-                       checkpoint_id=checkpoint_id, model_files=files, output_topic=str(options.output_topic),
+                       checkpoint_id=checkpoint_id, model_files=files, output_topic=options.output_topic,
                        dlq_topic=options.dlq, summary=tracker.summary(span))
 
 
@@ -91,7 +90,7 @@ def run_job(options: PipelineOptions, handler: ModelHandler[Any, Any, Any] | Non
             say(f"input range {_describe(plan.span)}")
         files = model_files(options) if options.manifest_dir else {}
         remote = config.get("execution.target") == "remote" or options.flink_rest_url
-        if options.manifest_dir and options.mode == "streaming" and not remote:
+        if options.manifest_dir and not options.bounded and not remote:
             raise ConfigError("stream manifests need the Flink REST API: submit with `flink run` or pass "
                               "--flink-rest-url")
         result = build_pipeline(t_env, options, handler, plan=plan)
@@ -101,11 +100,11 @@ def run_job(options: PipelineOptions, handler: ModelHandler[Any, Any, Any] | Non
             f"output {options.output_topic}, dead letters {options.dlq}")
         if config.get("execution.attached", "true") == "false":
             return 0  # `flink run -d`: the job runs on; stop it with `flink stop`
-        if options.mode == "streaming" and options.manifest_dir is not None:
+        if not options.bounded and options.manifest_dir is not None:
             _watch_checkpoints(options, plan, files, rest_url(options, config), job_id, say)
         result.wait()
         say(f"job {job_id} finished in {time.perf_counter() - start:.1f} s")
-        if options.mode == "batch" and options.manifest_dir is not None and plan.span is not None:
+        if options.bounded and options.manifest_dir is not None and plan.span is not None:
             _write_batch_manifest(options, plan.span, files, say)
     except AispError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
@@ -119,8 +118,8 @@ def _describe(span: TopicRange) -> str:
 
 def _write_batch_manifest(options: PipelineOptions, span: TopicRange, files: dict[str, str],
                           say: Callable[[str], None]) -> None:
-    servers = options.bootstrap_servers or default_bootstrap_servers()
-    tracker = OutcomeTracker(servers, span.topic, str(options.output_topic), options.dlq, job=options.name)
+    servers = options.servers
+    tracker = OutcomeTracker(servers, span.topic, options.output_topic, options.dlq, job=options.name)
     try:
         tracker.advance()
         manifest = _manifest(options, span, tracker, files, None)
@@ -135,8 +134,8 @@ def _write_batch_manifest(options: PipelineOptions, span: TopicRange, files: dic
 def _checkpoint_manifest(options: PipelineOptions, starts: dict[int, int], files: dict[str, str], rest: str,
                          tracker: OutcomeTracker, say: Callable[[str], None]) -> int:
     """Write the manifest of the job's last completed checkpoint; returns its id."""
-    servers = options.bootstrap_servers or default_bootstrap_servers()
-    topic = str(options.input_topic)
+    servers = options.servers
+    topic = options.input_topic
     offsets = topic_offsets(servers, topic)
     read_group = partial(group_or_earliest, servers, options.group, offsets)
     position = checkpoint_offsets(rest, options.name, read_group)
@@ -152,10 +151,10 @@ def _checkpoint_manifest(options: PipelineOptions, starts: dict[int, int], files
 def _watch_checkpoints(options: PipelineOptions, plan: InputPlan, files: dict[str, str], rest: str,
                        job_id: str, say: Callable[[str], None]) -> None:
     """Write a manifest for each newly completed checkpoint until the job ends."""
-    servers = options.bootstrap_servers or default_bootstrap_servers()
-    topic = str(options.input_topic)
+    servers = options.servers
+    topic = options.input_topic
     assert plan.stream_starts is not None and options.manifest_dir is not None
-    tracker = OutcomeTracker(servers, topic, str(options.output_topic), options.dlq, job=options.name)
+    tracker = OutcomeTracker(servers, topic, options.output_topic, options.dlq, job=options.name)
     written, failed = None, None
     try:
         while job_state(rest, job_id) not in _TERMINAL:

@@ -67,7 +67,7 @@ from pyflink_aisp.affinity import WorkerAffinity, open_affinity
 from pyflink_aisp.inference import FailureRateBreaker, Inferred, ModelRuntime
 from pyflink_aisp.inference.metrics import Window, bind_breaker_metrics, register_window
 from pyflink_aisp.outcome import MAX_DETAIL_CHARS, reason_of, sentiment_label
-from pyflink_aisp.pipeline._config import PipelineOptions
+from pyflink_aisp.pipeline._config import InferenceOptions
 from pyflink_aisp.pipeline._handlers import handler_for
 
 __all__ = [
@@ -143,7 +143,7 @@ class _SharedModel:
     :meth:`ModelRuntime.bind_metrics` registers.
     """
 
-    def __init__(self, defaults: PipelineOptions | None) -> None:
+    def __init__(self, defaults: InferenceOptions | None) -> None:
         self.defaults = defaults
         self.runtime: ModelRuntime | None = None
         self.breaker: FailureRateBreaker | None = None
@@ -161,7 +161,7 @@ class _SharedModel:
         self.__init__(state["defaults"])  # type: ignore[misc]
 
     def open(self, context: FunctionContext) -> None:
-        config = PipelineOptions.from_job_parameters(_job_parameters(context), base=self.defaults)
+        config = InferenceOptions.from_job_parameters(_job_parameters(context), base=self.defaults)
         self.affinity = open_affinity(config.affinity(), context)  # before the model (and CUDA) starts
         self.runtime = ModelRuntime.acquire(handler_for(config), config.batching(), swap=config.swap())
         breaker = config.breaker()
@@ -257,7 +257,7 @@ class AsyncSentimentFunction(AsyncScalarFunction):  # type: ignore[misc]
         defaults: Config for the job parameters that are not set.
     """
 
-    def __init__(self, defaults: PipelineOptions | None = None) -> None:
+    def __init__(self, defaults: InferenceOptions | None = None) -> None:
         self._shared = _SharedModel(defaults)
 
     def open(self, function_context: FunctionContext) -> None:
@@ -310,7 +310,7 @@ class PandasSentimentFunction(ScalarFunction):  # type: ignore[misc]
         defaults: Config for the job parameters that are not set.
     """
 
-    def __init__(self, defaults: PipelineOptions | None = None) -> None:
+    def __init__(self, defaults: InferenceOptions | None = None) -> None:
         self._shared = _SharedModel(defaults)
 
     def open(self, function_context: FunctionContext) -> None:

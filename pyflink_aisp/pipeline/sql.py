@@ -19,7 +19,7 @@ whole ``s`` (SQL sinks are fine).
 
 The model, batching, p99 target and ORT threads come from the global job
 parameters of the options table (the ``aisp.*`` names in
-:data:`pyflink_aisp.pipeline.OPTIONS` and the README), e.g.::
+:data:`pyflink_aisp.pipeline.OPTIONS` and the docs' options page, docs/options.md), e.g.::
 
     SET 'pipeline.global-job-parameters' = '{"aisp.batch.max-size": "64", "aisp.latency-slo-ms": "150"}';
 
@@ -39,7 +39,8 @@ from typing import Any
 from pyflink.table import DataTypes
 from pyflink.table.udf import udf
 
-from pyflink_aisp.pipeline._config import PipelineOptions, flink_settings, format_job_parameters
+from pyflink_aisp.pipeline._config import InferenceOptions
+from pyflink_aisp.pipeline._settings import flink_settings, format_job_parameters
 from pyflink_aisp.pipeline._sql_functions import (
     SENTIMENT_RESULT_TYPE,
     AsyncSentimentFunction,
@@ -59,7 +60,7 @@ __all__ = [
 ]
 
 
-def sentiment_udf(defaults: PipelineOptions | None = None, *, vectorized: bool = False) -> Any:
+def sentiment_udf(defaults: InferenceOptions | None = None, *, vectorized: bool = False) -> Any:
     """A sentiment UDF for ``t_env.create_temporary_system_function(name, ...)``.
 
     Args:
@@ -86,7 +87,7 @@ sentiment_pandas = sentiment_udf(vectorized=True)
 
 
 def configure_table_env(
-    t_env: Any, options: PipelineOptions, *, extra_job_parameters: Mapping[str, str] | None = None
+    t_env: Any, options: InferenceOptions, *, extra_job_parameters: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """Set :func:`~pyflink_aisp.pipeline.flink_settings` and ``options`` as global
     job parameters on ``t_env``.

@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pyflink_aisp.checksums import sha256_file, verify_sha256
+from pyflink_aisp.device import Device
 from pyflink_aisp.errors import ConfigError, ModelError
 from pyflink_aisp.inference._handler import ModelHandler
 from pyflink_aisp.inference.handlers._onnx import encode_texts
@@ -60,7 +61,6 @@ _MANIFEST_FILE = "manifest.json"
 #: Keys of the source safetensors that ``BertModel(add_pooling_layer=False)`` has no
 #: parameter for: the unused pooler and the (non-persistent) position-id buffer.
 _SKIPPED_KEYS = re.compile(r"pooler\..*|embeddings\.position_ids")
-_DEVICE_RE = re.compile(r"cpu|cuda(?::(\d+))?")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _VERSION_TAG = "pyflink-aisp/torch-sentiment/1"
 #: Encoder precisions of the torch handler (``torch.autocast`` dtypes besides float32).
@@ -72,20 +72,13 @@ _INSTALL_HINT = "pip install 'pyflink-aisp[torch]'"
 
 
 def parse_torch_device(device: str) -> str:
-    """Normalise a device name: ``"cpu"``, ``"cuda"`` → ``"cuda:0"``, ``"cuda:N"``.
-
-    ``"cuda"`` means CUDA device 0 of the process (as ``torch.device("cuda")``
-    before any ``set_device``), so the answer is explicit in metrics.
+    """Normalise a device name: ``"cpu"``, ``"cuda"`` → ``"cuda:0"``, ``"cuda:N"``
+    (``str`` of :meth:`pyflink_aisp.device.Device.parse`).
 
     Raises:
         ConfigError: Any other name (``"mps"``, ``"cuda:-1"``, ``"gpu"``).
     """
-    match = _DEVICE_RE.fullmatch(device.strip().lower()) if isinstance(device, str) else None
-    if match is None:
-        raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if match.group(0) == "cpu":
-        return "cpu"
-    return f"cuda:{int(match.group(1) or 0)}"
+    return str(Device.parse(device))
 
 
 def _import_torch() -> Any:

@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 from pyflink_aisp.affinity import AffinityClient, ClientConfig, LeaseKind, LeaseState
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.kafka import create_topics
-from pyflink_aisp.pipeline import PipelineOptions
+from pyflink_aisp.pipeline import InferenceOptions
 from pyflink_aisp.pipeline.sql import configure_table_env
 
 pytestmark = pytest.mark.integration
@@ -59,7 +59,8 @@ def test_sql_function_instances_lease_and_release(
     settings.set("python.client.executable", sys.executable)
     settings.set("parallelism.default", "2")
     configure_table_env(
-        t_env, PipelineOptions(model_dir=model_assets.directory, intra_op_threads=1, gpu_affinity=service.url)
+        t_env,
+        InferenceOptions(model_dir=model_assets.directory, intra_op_threads=1, gpu_affinity=service.url),
     )
     t_env.execute_sql(f"""
         CREATE TEMPORARY TABLE reviews (`id` STRING, `text` STRING) WITH (

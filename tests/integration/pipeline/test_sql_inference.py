@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.inference.handlers import OnnxSentimentModel
 from pyflink_aisp.kafka import create_topics
-from pyflink_aisp.pipeline import PipelineOptions
+from pyflink_aisp.pipeline import InferenceOptions
 from pyflink_aisp.pipeline.sql import configure_table_env
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ def _produce(bootstrap: str, topic: str, records: dict[str, str | None]) -> None
     assert producer.flush(30) == 0
 
 
-def _table_env(mode: str, config: PipelineOptions):
+def _table_env(mode: str, config: InferenceOptions):
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
     from pyflink_aisp.jars import pipeline_jars_value
@@ -113,7 +113,7 @@ def test_sql_sentiment_over_kafka_equals_the_direct_model(
     create_topics(kafka_bootstrap, [t_in])
     _produce(kafka_bootstrap, t_in, records)
     stats_dir = tmp_path / "stats"
-    config = PipelineOptions(
+    config = InferenceOptions(
         model_dir=model_assets.directory, max_batch_size=MAX_BATCH, intra_op_threads=1, stats_dir=stats_dir,
     )
     t_env = _table_env(mode, config)

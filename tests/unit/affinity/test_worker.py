@@ -23,7 +23,7 @@ from pyflink_aisp.affinity import (
 )
 from pyflink_aisp.affinity._store import Lease
 from pyflink_aisp.errors import AffinityUnavailableError, ConfigError, LeaseNotFoundError
-from pyflink_aisp.pipeline import PipelineOptions
+from pyflink_aisp.pipeline import InferenceOptions, PipelineOptions
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data" / "affinity"
@@ -199,12 +199,12 @@ def test_the_options_map_to_settings_and_refuse_a_fixed_gpu_index() -> None:
         LeaseKind.GPU,
         AffinityPolicy.FAIL,
     )
-    assert PipelineOptions(gpu_affinity="http://h:1").affinity().kind is LeaseKind.CPU
+    assert InferenceOptions(gpu_affinity="http://h:1").affinity().kind is LeaseKind.CPU
     with pytest.raises(ConfigError, match=r"the service picks the GPU: use --device cuda "):
-        PipelineOptions(gpu_affinity="http://127.0.0.1:7420", device="cuda:1")
+        InferenceOptions(gpu_affinity="http://127.0.0.1:7420", device="cuda:1")
     with pytest.raises(ConfigError, match="must start with http:// or https://"):
-        PipelineOptions(gpu_affinity="127.0.0.1:7420")
-    assert PipelineOptions().affinity() is None
+        InferenceOptions(gpu_affinity="127.0.0.1:7420")
+    assert InferenceOptions().affinity() is None
 
 
 class _ExpiringClient:

@@ -147,10 +147,8 @@ def test_slugs_match_what_mkdocs_builds():
 
 
 def _reasons() -> list[str]:
-    try:  # the target home of Reason (ground floor), else where it is today
-        from pyflink_aisp.outcome import Reason
-    except ImportError:
-        from pyflink_aisp.pipeline import Reason
+    from pyflink_aisp.outcome import Reason
+
     return sorted(r.value for r in Reason)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import BatchingConfig
-from pyflink_aisp.pipeline import PipelineOptions, flink_settings
+from pyflink_aisp.pipeline import InferenceOptions, PipelineOptions, flink_settings
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -55,8 +55,8 @@ def test_bundle_time_zero_is_refused(capsys) -> None:  # type: ignore[no-untyped
         err = _usage_error(capsys, [*BASE, "--bundle-time-ms", value])
         assert f"--bundle-time-ms must be >= 1, got {value}" in err
     with pytest.raises(ConfigError, match="--bundle-time-ms must be >= 1, got 0"):
-        PipelineOptions(bundle_time_ms=0)
-    assert PipelineOptions(bundle_time_ms=1).effective_bundle_time_ms == 1
+        InferenceOptions(bundle_time_ms=0)
+    assert InferenceOptions(bundle_time_ms=1).effective_bundle_time_ms == 1
 
 
 @pytest.mark.parametrize("flag,value", [("--max-wait-ms", "nan"), ("--max-wait-ms", "inf"),
@@ -73,7 +73,7 @@ def test_wait_flags_must_be_finite(flag: str, value: str, capsys) -> None:  # ty
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 def test_non_finite_waits_are_refused_in_code_too(name: str, value: float) -> None:
     with pytest.raises(ConfigError, match=f"{name} must be a finite number"):
-        PipelineOptions(**{name: value})
+        InferenceOptions(**{name: value})
 
 
 @pytest.mark.parametrize("key,value", [
@@ -88,7 +88,7 @@ def test_sql_job_parameters_must_be_finite(key: str, value: str) -> None:
     params = {key: value, "aisp.model.pointer": "/tmp/pointer.json"}
     pattern = f"job parameter {key.replace('.', r'[.]')} must be a finite number"
     with pytest.raises(ConfigError, match=pattern):
-        PipelineOptions.from_job_parameters(lambda k, d: params.get(k, d))
+        InferenceOptions.from_job_parameters(lambda k, d: params.get(k, d))
 
 
 @pytest.mark.parametrize(
@@ -104,9 +104,9 @@ def test_python_worker_settings_with_infinite_slo(slo_ms: float, shown: str) -> 
         BatchingConfig(latency_slo_ms=slo_ms)
     assert str(batching_err.value) == expected
     with pytest.raises(ConfigError) as options_err:
-        PipelineOptions(latency_slo_ms=slo_ms)
+        InferenceOptions(latency_slo_ms=slo_ms)
     assert str(options_err.value) == f"--latency-slo-ms: {expected}"
-    largest = PipelineOptions(latency_slo_ms=3_600_000.0)  # the largest target accepted
+    largest = InferenceOptions(latency_slo_ms=3_600_000.0)  # the largest target accepted
     assert largest.batching().latency_slo_ms == 3_600_000.0
     assert flink_settings(largest)["python.fn-execution.bundle.time"] == "50"
 
@@ -129,4 +129,5 @@ def test_batching_flags_are_checked_before_any_service_is_touched(flags, message
 
 
 def test_capacity_below_the_batch_size_is_fine_for_the_arrow_operator() -> None:
-    assert PipelineOptions(capacity=4).capacity == 4  # only the async operator takes records in flight
+    # only the async operator takes records in flight
+    assert PipelineOptions(input_topic="i", output_topic="o", capacity=4).capacity == 4

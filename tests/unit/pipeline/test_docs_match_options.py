@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from pyflink_aisp.pipeline import PipelineOptions, flink_settings
+from pyflink_aisp.pipeline import InferenceOptions, flink_settings
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -15,7 +15,7 @@ def test_sql_job_sets_what_flink_settings_derives_from_its_job_parameters():
     sql = (ROOT / "jobs" / "sql" / "review_sentiment.sql").read_text(encoding="utf-8")
     sets = dict(re.findall(r"^SET '([^']+)' = '(.*)';$", sql, re.M))
     params = json.loads(sets.pop("pipeline.global-job-parameters"))
-    options = PipelineOptions.from_job_parameters(lambda key, default: params.get(key, default))
+    options = InferenceOptions.from_job_parameters(lambda key, default: params.get(key, default))
     derived = flink_settings(options)
     assert {k: v for k, v in sets.items() if k in derived} == derived
     assert set(derived) <= set(sets)
@@ -25,8 +25,8 @@ def test_sql_job_sets_what_flink_settings_derives_from_its_job_parameters():
 def test_job_help_lists_every_flag_with_its_default():
     import argparse
 
+    from pyflink_aisp.pipeline import OPTIONS
     from pyflink_aisp.pipeline._config import add_flags
-    from pyflink_aisp.pipeline._options import OPTIONS
 
     parser = argparse.ArgumentParser()
     add_flags(parser)

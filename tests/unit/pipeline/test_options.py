@@ -1,5 +1,5 @@
-"""The options table and what is derived from it: PipelineOptions fields, job parameters,
-command-line flags and the PyFlink settings (no JVM, no services)."""
+"""The options, declared once as fields, and what is derived from them: the table, job
+parameters, command-line flags and the PyFlink settings (no JVM, no services)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import BatchCuts, BatchingConfig, ModelSwapConfig
 from pyflink_aisp.inference.handlers import Pooling
 from pyflink_aisp.pipeline import (
+    INFERENCE_OPTIONS,
     OPTIONS,
+    InferenceOptions,
     OptionGroup,
     PipelineOptions,
     Runner,
@@ -42,8 +44,13 @@ def get_from(params: dict[str, str]) -> Any:
     return lambda key, default: params.get(key, default)
 
 
-def from_params(base: PipelineOptions | None = None, **params: str) -> PipelineOptions:
-    return PipelineOptions.from_job_parameters(get_from(params), base=base)
+def from_params(base: InferenceOptions | None = None, **params: str) -> InferenceOptions:
+    return InferenceOptions.from_job_parameters(get_from(params), base=base)
+
+
+def job(**values: Any) -> PipelineOptions:
+    """A job's options with topics ``in`` → ``out`` (they are required)."""
+    return PipelineOptions(**{"input_topic": "in", "output_topic": "out", **values})
 
 
 def test_public_api_is_complete() -> None:
@@ -55,13 +62,64 @@ def test_public_api_is_complete() -> None:
 # -- (a) the table and the dataclass ---------------------------------------------------------
 
 
-def test_fields_are_the_options_in_table_order_with_the_table_defaults() -> None:
-    fields = dataclasses.fields(PipelineOptions)
-    assert [f.name for f in fields] == [o.name for o in OPTIONS]
-    for field, opt in zip(fields, OPTIONS, strict=True):
-        default = field.default
-        assert default == opt.default and type(default) is type(opt.default), opt.name
-    assert PipelineOptions() == PipelineOptions(**{o.name: o.default for o in OPTIONS})
+def test_each_option_is_declared_once_as_a_field_and_the_table_is_read_from_the_fields() -> None:
+    import typing
+
+    job_fields = {f.name: f for f in dataclasses.fields(PipelineOptions)}
+    assert sorted(job_fields) == sorted(o.name for o in OPTIONS)  # one row per field, no other
+    hints = typing.get_type_hints(PipelineOptions)
+    for opt in OPTIONS:
+        field = job_fields[opt.name]
+        assert field.metadata["aisp.option"]["doc"] == opt.doc  # the row is the field's declaration
+        assert opt.default == (None if opt.required else field.default), opt.name
+        hint = hints[opt.name]
+        assert opt.kind is tuple or opt.kind is hint or opt.kind in typing.get_args(hint), opt.name
+    # the groups are in order (job, batching, model, worker), each in field order
+    groups = [o.group for o in OPTIONS]
+    assert groups == sorted(groups, key=[OptionGroup.JOB, OptionGroup.BATCHING, OptionGroup.MODEL,
+                                         OptionGroup.WORKER].index)
+    assert job() == job(**{o.name: o.default for o in OPTIONS if not o.required})
+
+
+def test_the_sql_functions_read_every_job_parameter_and_no_job_option() -> None:
+    inference = {o.name for o in INFERENCE_OPTIONS}
+    assert inference < {o.name for o in OPTIONS}
+    assert {o.name for o in OPTIONS if o.job_param} <= inference
+    groups = {o.group for o in INFERENCE_OPTIONS}
+    assert groups == {OptionGroup.BATCHING, OptionGroup.MODEL, OptionGroup.WORKER}
+    assert not any(o.group is OptionGroup.JOB for o in INFERENCE_OPTIONS)
+    assert InferenceOptions() == InferenceOptions(**{o.name: o.default for o in INFERENCE_OPTIONS})
+    with pytest.raises(TypeError, match="input_topic"):
+        PipelineOptions(output_topic="out")  # type: ignore[call-arg]
+
+
+def test_a_field_without_a_declaration_is_refused() -> None:
+    from pyflink_aisp.pipeline._options import options_of
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Loose:
+        x: int = 1
+
+    with pytest.raises(TypeError, match=r"Loose\.x is not declared with opt"):
+        options_of(Loose)
+
+
+def test_strings_for_enum_and_device_fields_parse_as_their_flags_do() -> None:
+    from pyflink_aisp.device import Device, DeviceKind
+    from pyflink_aisp.kafka import StartupMode
+    from pyflink_aisp.pipeline import RuntimeMode
+
+    options = job(mode="BATCH", startup_mode="latest-offset", device="cuda:2", runtime="torch")
+    assert options.mode is RuntimeMode.BATCH and options.bounded
+    assert options.startup_mode is StartupMode.LATEST and options.effective_startup_mode is StartupMode.LATEST
+    assert options.device == Device(DeviceKind.CUDA, 2) and options.resolved_device == "cuda:2"
+    assert options.runtime is InferenceRuntime.TORCH
+    assert job().effective_startup_mode is StartupMode.GROUP_OFFSETS
+    assert job(mode="batch").effective_startup_mode is StartupMode.EARLIEST
+    with pytest.raises(ConfigError, match="--startup-mode must be one of"):
+        job(startup_mode="specific-offsets")  # a range sets that itself
+    with pytest.raises(ConfigError, match="--device must be cpu, cuda or cuda:N, got 'gpu'"):
+        InferenceOptions(device="gpu")
 
 
 def test_options_are_unique_named_flagged_and_documented() -> None:
@@ -82,17 +140,18 @@ def test_batching_defaults_are_one_set() -> None:
     assert option("max_batch_size").default == 32
     assert option("max_wait_ms").default == 5.0
     assert option("max_idle_ms").default == 2.0
-    assert PipelineOptions().batching() == BatchingConfig(max_batch_size=32, max_wait_ms=5.0, max_idle_ms=2.0)
-    assert BatchingConfig() == PipelineOptions().batching()  # the dataclass has the same defaults
-    assert from_params() == PipelineOptions()
-    assert PipelineOptions.from_args(BASE).batching() == PipelineOptions().batching()
+    expected = BatchingConfig(max_batch_size=32, max_wait_ms=5.0, max_idle_ms=2.0)
+    assert InferenceOptions().batching() == expected
+    assert BatchingConfig() == InferenceOptions().batching()  # the dataclass has the same defaults
+    assert from_params() == InferenceOptions()
+    assert PipelineOptions.from_args(BASE).batching() == InferenceOptions().batching()
 
 
 def test_options_are_frozen_and_keyword_only() -> None:
     with pytest.raises(TypeError):
         PipelineOptions("in")  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        PipelineOptions().max_batch_size = 2  # type: ignore[misc]
+        job().max_batch_size = 2  # type: ignore[misc]
 
 
 def test_derived_configs_and_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,8 +159,8 @@ def test_derived_configs_and_names(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                               model_poll_interval_s=0.5)
     assert options.dlq == "out.dlq" and options.name == "aisp-in-out"
     assert options.group == options.transactional_prefix == "aisp-in-out"
-    assert PipelineOptions(dlq_topic="d", group_id="g").dlq == "d"
-    assert PipelineOptions(dlq_topic="d", group_id="g").group == "g"
+    assert job(dlq_topic="d", group_id="g").dlq == "d"
+    assert job(dlq_topic="d", group_id="g").group == "g"
     named = PipelineOptions(input_topic="in", output_topic="out", job_name="nightly")
     assert (named.name, named.group, named.transactional_prefix) == ("nightly", "nightly", "nightly")
     apart = dataclasses.replace(named, group_id="g", transactional_id_prefix="tx")
@@ -110,19 +169,19 @@ def test_derived_configs_and_names(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert PipelineOptions(input_topic="in", output_topic="a").group != PipelineOptions(
         input_topic="in", output_topic="b").group
     assert options.swap() == ModelSwapConfig(pointer_path=Path("p.json").resolve(), poll_interval_s=0.5)
-    assert PipelineOptions().swap() is None
+    assert InferenceOptions().swap() is None
     monkeypatch.delenv("AISP_MODEL_DIR", raising=False)
-    assert PipelineOptions().resolved_model_dir is None
+    assert InferenceOptions().resolved_model_dir is None
     monkeypatch.setenv("AISP_MODEL_DIR", str(tmp_path))
-    assert PipelineOptions().resolved_model_dir == tmp_path
-    assert PipelineOptions(model_dir=tmp_path / "x").resolved_model_dir == tmp_path / "x"
+    assert InferenceOptions().resolved_model_dir == tmp_path
+    assert InferenceOptions(model_dir=tmp_path / "x").resolved_model_dir == tmp_path / "x"
 
 
 # -- (b) job parameters ------------------------------------------------------------------
 
 
-def _non_default(tmp_path: Path) -> PipelineOptions:
-    return PipelineOptions(
+def _non_default(tmp_path: Path) -> InferenceOptions:
+    return InferenceOptions(
         max_batch_size=3, max_wait_ms=0.25, max_idle_ms=None, max_batch_tokens=99,
         batch_cuts=BatchCuts.FIXED, length_buckets=(4, 8), latency_slo_ms=12.5, model_dir=tmp_path / "m",
         model_pointer=tmp_path / "p.json", model_poll_interval_s=3.0, intra_op_threads=4,
@@ -142,22 +201,23 @@ def test_every_job_parameter_round_trips(tmp_path: Path) -> None:
         if opt.job_param is not None and opt.name not in ("runtime", "precision"):  # torch only: below
             assert getattr(options, opt.name) != opt.default, opt.name
     assert all(isinstance(v, str) for v in params.values())
-    assert PipelineOptions.from_job_parameters(get_from(params)) == options
+    assert InferenceOptions.from_job_parameters(get_from(params)) == options
     # through the JSON of pipeline.global-job-parameters too
-    assert PipelineOptions.from_job_parameters(get_from(json.loads(format_job_parameters(params)))) == options
+    through_json = json.loads(format_job_parameters(params))
+    assert InferenceOptions.from_job_parameters(get_from(through_json)) == options
 
 
 def test_the_runtime_job_parameter_round_trips() -> None:
-    options = PipelineOptions(runtime=InferenceRuntime.TORCH, device="cuda", precision=Precision.BF16)
+    options = InferenceOptions(runtime=InferenceRuntime.TORCH, device="cuda", precision=Precision.BF16)
     params = options.job_parameters()
     picked = (params["aisp.runtime"], params["aisp.device"], params["aisp.precision"])
-    assert picked == ("torch", "cuda", "bf16")
-    assert PipelineOptions.from_job_parameters(get_from(params)) == options
+    assert picked == ("torch", "cuda:0", "bf16")  # the canonical name of "cuda"
+    assert InferenceOptions.from_job_parameters(get_from(params)) == options
     assert options.resolved_device == "cuda:0"
 
 
 def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
-    params = PipelineOptions().job_parameters()
+    params = InferenceOptions().job_parameters()
     assert params == {
         "aisp.batch.max-size": "32",
         "aisp.batch.max-wait-ms": "5.0",
@@ -182,7 +242,7 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.encoder.pooling": "mean",
         "aisp.encoder.normalize": "false",
     }
-    assert PipelineOptions.from_job_parameters(get_from(params)) == PipelineOptions()
+    assert InferenceOptions.from_job_parameters(get_from(params)) == InferenceOptions()
 
 
 def test_every_job_parameter_is_read(tmp_path: Path) -> None:
@@ -199,7 +259,7 @@ def test_every_job_parameter_is_read(tmp_path: Path) -> None:
         "aisp.model.poll-interval-s": "0.5",
         "aisp.stats.dir": str(tmp_path / "stats"),
     })
-    assert options == PipelineOptions(
+    assert options == InferenceOptions(
         model_dir=tmp_path / "model", max_batch_size=128, max_wait_ms=2.5, max_idle_ms=0.5,
         max_batch_tokens=4096, length_buckets=(16, 32, 64), latency_slo_ms=150.0, intra_op_threads=2,
         model_pointer=tmp_path / "ptr.json", model_poll_interval_s=0.5, stats_dir=tmp_path / "stats")
@@ -210,7 +270,7 @@ def test_every_job_parameter_is_read(tmp_path: Path) -> None:
 
 
 def test_none_switches_optional_knobs_off() -> None:
-    base = PipelineOptions(max_batch_tokens=100, length_buckets=(8,), latency_slo_ms=50.0, max_idle_ms=1.0,
+    base = InferenceOptions(max_batch_tokens=100, length_buckets=(8,), latency_slo_ms=50.0, max_idle_ms=1.0,
                            intra_op_threads=3)
     options = from_params(base, **{
         "aisp.batch.max-tokens": "none",
@@ -224,10 +284,10 @@ def test_none_switches_optional_knobs_off() -> None:
 
 
 def test_unset_or_empty_parameters_keep_the_base_values(tmp_path: Path) -> None:
-    base = PipelineOptions(model_dir=tmp_path, max_batch_size=7, max_wait_ms=1.0, intra_op_threads=1)
+    base = InferenceOptions(model_dir=tmp_path, max_batch_size=7, max_wait_ms=1.0, intra_op_threads=1)
     options = from_params(base, **{"aisp.batch.max-wait-ms": "9", "aisp.batch.max-size": "  "})
     assert options == dataclasses.replace(base, max_wait_ms=9.0)
-    read = read_job_parameters(get_from({"aisp.batch.max-wait-ms": "9", "other": "x"}))
+    read = read_job_parameters(INFERENCE_OPTIONS, get_from({"aisp.batch.max-wait-ms": "9", "other": "x"}))
     assert read == {"max_wait_ms": 9.0}
 
 
@@ -288,9 +348,9 @@ def test_invalid_job_parameters_raise_config_errors_naming_the_parameter(
 
 
 def test_a_job_parameter_that_conflicts_with_the_base_is_refused() -> None:
-    base = PipelineOptions(operator=Runner.ASYNC, capacity=64)
+    base = job(operator=Runner.ASYNC, capacity=64)
     with pytest.raises(ConfigError, match=r"--capacity \(64\) must be >= --max-batch-size \(128\)"):
-        from_params(base, **{"aisp.batch.max-size": "128"})
+        PipelineOptions.from_job_parameters(get_from({"aisp.batch.max-size": "128"}), base=base)
 
 
 # -- (c) command-line flags --------------------------------------------------------------
@@ -351,7 +411,7 @@ def test_no_flags_give_the_defaults() -> None:
         (["--checkpoint-interval-ms", "1.5"], "--checkpoint-interval-ms must be an integer, got '1.5'"),
         (["--operator", "fast"], "argument --operator: --operator must be one of arrow, async, got 'fast'"),
         (["--encoder-pooling", "max"], "--encoder-pooling must be one of none, mean, cls, got 'max'"),
-        (["--mode", "micro"], "--mode must be one of ['streaming', 'batch'], got 'micro'"),
+        (["--mode", "micro"], "--mode must be one of streaming, batch, got 'micro'"),
         (["--startup-mode", "now"], "--startup-mode must be one of"),
         (["--bundle-time-ms", "0"], "argument --bundle-time-ms: --bundle-time-ms must be >= 1, got 0"),
         (["--capacity", "0"], "argument --capacity: --capacity must be >= 1, got 0"),
@@ -389,7 +449,7 @@ def test_help_lists_every_flag_with_unit_and_default(capsys) -> None:  # type: i
 
 
 def test_flink_settings_without_a_latency_target() -> None:
-    assert flink_settings(PipelineOptions()) == {
+    assert flink_settings(job()) == flink_settings(InferenceOptions()) == {
         "python.fn-execution.bundle.time": "50",
         "python.fn-execution.bundle.size": "4096",
         "python.fn-execution.arrow.batch.size": "1024",
@@ -405,25 +465,25 @@ def test_flink_settings_without_a_latency_target() -> None:
 
 
 def test_the_transaction_timeout_must_outlive_two_checkpoint_spans_a_restart_and_the_record_timeout() -> None:
-    options = PipelineOptions(checkpoint_interval_ms=5_000, checkpoint_timeout_ms=600_000, restart_delay_s=10)
+    options = job(checkpoint_interval_ms=5_000, checkpoint_timeout_ms=600_000, restart_delay_s=10)
     assert options.min_transaction_timeout_ms == 2 * (5_000 + 600_000) + 10_000 == 1_220_000
-    assert PipelineOptions(timeout_s=900).min_transaction_timeout_ms == 1_800_000  # 2 x the record timeout
-    PipelineOptions(transaction_timeout_ms=1_220_000)  # exactly the floor is fine
+    assert job(timeout_s=900).min_transaction_timeout_ms == 1_800_000  # 2 x the record timeout
+    job(transaction_timeout_ms=1_220_000)  # exactly the floor is fine
     with pytest.raises(ConfigError, match="--transaction-timeout-ms 1219999 is below 1220000"):
-        PipelineOptions(transaction_timeout_ms=1_219_999)
+        job(transaction_timeout_ms=1_219_999)
     with pytest.raises(ConfigError, match="--transaction-timeout-ms 900000 is below 1220000"):
-        PipelineOptions(input_topic="a", output_topic="b", transaction_timeout_ms=900_000)
+        job(transaction_timeout_ms=900_000)
 
 
 def test_restart_strategy_is_bounded_and_none_for_zero_attempts() -> None:
-    settings = flink_settings(PipelineOptions(restart_attempts=5, restart_interval_s=60, restart_delay_s=0))
+    settings = flink_settings(job(restart_attempts=5, restart_interval_s=60, restart_delay_s=0))
     assert {k: v for k, v in settings.items() if k.startswith("restart-strategy")} == {
         "restart-strategy.type": "failure-rate",
         "restart-strategy.failure-rate.max-failures-per-interval": "5",
         "restart-strategy.failure-rate.failure-rate-interval": "60 s",
         "restart-strategy.failure-rate.delay": "0 s",
     }
-    none = flink_settings(PipelineOptions(restart_attempts=0))
+    none = flink_settings(job(restart_attempts=0))
     restart = {k: v for k, v in none.items() if k.startswith("restart-strategy")}
     assert restart == {"restart-strategy.type": "none"}
 
@@ -441,20 +501,20 @@ def test_breaker_sink_and_restart_flags_out_of_range_exit_2(flags: list[str], ca
 @pytest.mark.parametrize(
     ("options", "bundle_time", "bundle_size", "arrow_batch", "concurrent"),
     [
-        (PipelineOptions(latency_slo_ms=150.0), "5", "4096", "1024", "64"),
-        (PipelineOptions(latency_slo_ms=600.0), "20", "4096", "1024", "64"),
-        (PipelineOptions(max_batch_size=1, latency_slo_ms=2.0, arrow_batch_size=100),
+        (InferenceOptions(latency_slo_ms=150.0), "5", "4096", "1024", "64"),
+        (InferenceOptions(latency_slo_ms=600.0), "20", "4096", "1024", "64"),
+        (InferenceOptions(max_batch_size=1, latency_slo_ms=2.0, arrow_batch_size=100),
          "5", "1000", "100", "2"),
-        (PipelineOptions(max_batch_size=1, arrow_batch_size=250), "50", "1000", "250", "2"),
-        (PipelineOptions(latency_slo_ms=3000.0), "50", "4096", "1024", "64"),
-        (PipelineOptions(max_batch_size=512, arrow_batch_size=512), "50", "4096", "512", "1024"),
-        (PipelineOptions(max_batch_size=1024, arrow_batch_size=512), "50", "8192", "512", "2048"),
-        (PipelineOptions(arrow_batch_size=8192), "50", "32768", "8192", "64"),
-        (PipelineOptions(latency_slo_ms=150.0, bundle_time_ms=20), "20", "4096", "1024", "64"),
+        (InferenceOptions(max_batch_size=1, arrow_batch_size=250), "50", "1000", "250", "2"),
+        (InferenceOptions(latency_slo_ms=3000.0), "50", "4096", "1024", "64"),
+        (InferenceOptions(max_batch_size=512, arrow_batch_size=512), "50", "4096", "512", "1024"),
+        (InferenceOptions(max_batch_size=1024, arrow_batch_size=512), "50", "8192", "512", "2048"),
+        (InferenceOptions(arrow_batch_size=8192), "50", "32768", "8192", "64"),
+        (InferenceOptions(latency_slo_ms=150.0, bundle_time_ms=20), "20", "4096", "1024", "64"),
     ],
 )
 def test_flink_settings_follow_the_options(
-    options: PipelineOptions, bundle_time: str, bundle_size: str, arrow_batch: str, concurrent: str
+    options: InferenceOptions, bundle_time: str, bundle_size: str, arrow_batch: str, concurrent: str
 ) -> None:
     settings = flink_settings(options)
     assert settings["python.fn-execution.bundle.time"] == bundle_time
@@ -473,7 +533,7 @@ def test_default_bundle_time(slo: float | None, expected: int) -> None:
 
 def test_an_infinite_latency_target_is_refused_before_the_settings() -> None:
     with pytest.raises(ConfigError, match="latency_slo_ms must be a finite number"):
-        PipelineOptions(latency_slo_ms=math.inf)
+        InferenceOptions(latency_slo_ms=math.inf)
 
 
 def test_job_parameters_format_survives_commas_colons_quotes_and_empty_values() -> None:
@@ -493,7 +553,7 @@ def test_onnx_spin_wait_follows_the_latency_target_unless_set(flags: list[str], 
     assert options.effective_spin_wait is spin
     params = get_from(options.job_parameters())
     assert PipelineOptions.from_job_parameters(params, base=options) == options
-    assert PipelineOptions.from_job_parameters(params).onnx_spin_wait is options.onnx_spin_wait
+    assert InferenceOptions.from_job_parameters(params).onnx_spin_wait is options.onnx_spin_wait
 
 
 @pytest.mark.parametrize("flag", ["--max-batch-size", "--arrow-batch-size", "--capacity", "--parallelism",
@@ -506,7 +566,7 @@ def test_integer_flags_over_a_java_int_exit_2_naming_the_flag(flag: str, capsys)
 
 
 def test_the_largest_batch_size_keeps_the_derived_settings_java_ints() -> None:
-    settings = flink_settings(PipelineOptions(max_batch_size=2**31 - 1, capacity=2**31 - 1))
+    settings = flink_settings(job(max_batch_size=2**31 - 1, capacity=2**31 - 1))
     assert settings["python.fn-execution.bundle.size"] == str(2**31 - 1)
     assert settings["table.exec.async-scalar.max-concurrent-operations"] == str(2**31 - 1)
 

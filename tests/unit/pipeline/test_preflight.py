@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.pipeline import PipelineOptions
+from pyflink_aisp.pipeline import InferenceOptions
 from pyflink_aisp.pipeline._preflight import (
     KAFKA_FACTORY,
     check_connector_jars,
     check_model_paths,
     check_python,
-    preflight,
 )
 
 SERVICES = "META-INF/services/org.apache.flink.table.factories.Factory"
@@ -99,27 +98,18 @@ def test_the_python_executable_is_found_or_named(tmp_path: Path) -> None:
 
 def test_model_paths_named_by_the_options_must_be_there(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delenv("AISP_MODEL_DIR", raising=False)
-    check_model_paths(PipelineOptions())
+    check_model_paths(InferenceOptions())
     with pytest.raises(ConfigError) as exc:
-        check_model_paths(PipelineOptions(model_dir=tmp_path / "missing"))
+        check_model_paths(InferenceOptions(model_dir=tmp_path / "missing"))
     assert _one_line(exc).startswith(f"--model-dir {tmp_path}/missing is not a directory")
     tokenizer = tmp_path / "tokenizer.json"
     tokenizer.write_text("{}")
     with pytest.raises(ConfigError) as exc:
-        check_model_paths(PipelineOptions(encoder_onnx=tmp_path / "e.onnx", encoder_tokenizer=tokenizer))
+        check_model_paths(InferenceOptions(encoder_onnx=tmp_path / "e.onnx", encoder_tokenizer=tokenizer))
     assert _one_line(exc) == f"--encoder-onnx {tmp_path}/e.onnx is not a readable file"
     with pytest.raises(ConfigError) as exc:
-        check_model_paths(PipelineOptions(model_pointer=tmp_path / "no" / "dir" / "p.json"))
+        check_model_paths(InferenceOptions(model_pointer=tmp_path / "no" / "dir" / "p.json"))
     assert "its directory does not exist" in _one_line(exc)
-
-
-def test_preflight_reports_the_first_problem(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="Python executable"):
-        preflight(PipelineOptions(model_dir=tmp_path / "missing"), ["file:///nope.jar"], "no-such-python")
-    with pytest.raises(ConfigError, match="--model-dir"):
-        preflight(PipelineOptions(model_dir=tmp_path / "missing"), ["file:///nope.jar"], sys.executable)
-    with pytest.raises(ConfigError, match=r"connector jar /nope\.jar does not exist"):
-        preflight(PipelineOptions(), ["file:///nope.jar"], sys.executable)
 
 
 def test_every_jar_is_checked_not_only_up_to_the_connector(tmp_path: Path) -> None:

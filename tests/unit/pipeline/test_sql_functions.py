@@ -18,7 +18,7 @@ import pytest
 from pyflink_aisp.errors import ConfigError, InferenceTimeoutError, TokenizeError
 from pyflink_aisp.inference import BatchingConfig, Inferred, ModelHandler, ModelRuntime, ModelSwapConfig
 from pyflink_aisp.inference.handlers import OnnxEncoderHandler, OnnxSentimentModel, Pooling, SentimentHandler
-from pyflink_aisp.pipeline import PipelineOptions, _handlers, _sql_functions, flink_settings, sql
+from pyflink_aisp.pipeline import InferenceOptions, _handlers, _sql_functions, flink_settings, sql
 from pyflink_aisp.pipeline.sql import (
     SENTIMENT_RESULT_TYPE,
     AsyncSentimentFunction,
@@ -75,11 +75,11 @@ class _LengthHandler(ModelHandler[str, tuple[float, None], str]):
 
 
 @pytest.fixture
-def seen_options(monkeypatch) -> list[PipelineOptions]:
+def seen_options(monkeypatch) -> list[InferenceOptions]:
     """open() builds the handler of the options it read: record them, use a model-free handler."""
-    seen: list[PipelineOptions] = []
+    seen: list[InferenceOptions] = []
 
-    def handler_for(options: PipelineOptions) -> _LengthHandler:
+    def handler_for(options: InferenceOptions) -> _LengthHandler:
         seen.append(options)
         return _LengthHandler()
 
@@ -94,7 +94,7 @@ def test_open_without_job_parameters_uses_the_defaults(seen_options) -> None:
     function = PandasSentimentFunction()
     function.open(_Context())
     try:
-        assert seen_options == [PipelineOptions()]
+        assert seen_options == [InferenceOptions()]
         runtime = function._shared.runtime
         assert runtime.batching == BatchingConfig(max_batch_size=32, max_wait_ms=5.0, max_idle_ms=2.0)
         assert runtime._swap_config is None
@@ -104,7 +104,7 @@ def test_open_without_job_parameters_uses_the_defaults(seen_options) -> None:
 
 
 def test_open_reads_the_job_parameters_over_the_function_defaults(seen_options, tmp_path: Path) -> None:
-    defaults = PipelineOptions(max_batch_size=7, max_wait_ms=1.0, intra_op_threads=1, model_dir=tmp_path)
+    defaults = InferenceOptions(max_batch_size=7, max_wait_ms=1.0, intra_op_threads=1, model_dir=tmp_path)
     function = AsyncSentimentFunction(defaults)
     function.open(_Context(**{
         "aisp.batch.max-wait-ms": "9",
@@ -114,7 +114,7 @@ def test_open_reads_the_job_parameters_over_the_function_defaults(seen_options, 
         "aisp.model.poll-interval-s": "0.5",
     }))
     try:
-        expected = PipelineOptions(
+        expected = InferenceOptions(
             max_batch_size=7, max_wait_ms=9.0, intra_op_threads=1, model_dir=tmp_path,
             length_buckets=(16, 32, 64), latency_slo_ms=150.0, model_pointer=tmp_path / "ptr.json",
             model_poll_interval_s=0.5)
@@ -148,16 +148,16 @@ def test_the_handler_and_model_dir_follow_the_options(monkeypatch, tmp_path: Pat
     seen: list[Path] = []
     monkeypatch.setattr(_handlers, "load_model_assets", lambda d: seen.append(d) or "assets")
     monkeypatch.setenv("AISP_MODEL_DIR", str(tmp_path))
-    assert _handlers.model_assets(PipelineOptions()) == "assets" and seen == [tmp_path]
-    assert _handlers.model_assets(PipelineOptions(model_dir=tmp_path / "x")) == "assets"
+    assert _handlers.model_assets(InferenceOptions()) == "assets" and seen == [tmp_path]
+    assert _handlers.model_assets(InferenceOptions(model_dir=tmp_path / "x")) == "assets"
     assert seen[-1] == tmp_path / "x"
 
     assets = object()  # SentimentHandler keeps its assets until load_model
     monkeypatch.setattr(_handlers, "model_assets", lambda options: assets)
-    handler = _handlers.handler_for(PipelineOptions(intra_op_threads=3))
+    handler = _handlers.handler_for(InferenceOptions(intra_op_threads=3))
     assert isinstance(handler, SentimentHandler) and handler._assets is assets and handler._threads == 3
-    assert _handlers.handler_for(PipelineOptions())._threads is None  # 0: ORT's default
-    encoder = _handlers.handler_for(PipelineOptions(
+    assert _handlers.handler_for(InferenceOptions())._threads is None  # 0: ORT's default
+    encoder = _handlers.handler_for(InferenceOptions(
         encoder_onnx=tmp_path / "e.onnx", encoder_tokenizer=tmp_path / "t.json", encoder_output="pooled",
         encoder_pooling=Pooling.CLS, encoder_normalize=True, intra_op_threads=2))
     assert isinstance(encoder, OnnxEncoderHandler)
@@ -187,7 +187,7 @@ class _TableEnv:
 
 def test_configure_table_env_sets_settings_and_job_parameters(tmp_path: Path) -> None:
     t_env = _TableEnv()
-    options = PipelineOptions(model_dir=tmp_path, max_batch_size=16)
+    options = InferenceOptions(model_dir=tmp_path, max_batch_size=16)
     settings = configure_table_env(t_env, options, extra_job_parameters={"aisp.tokenizer.max-length": "64"})
     assert t_env.config.values == settings
     params = json.loads(settings.pop("pipeline.global-job-parameters"))
@@ -196,13 +196,13 @@ def test_configure_table_env_sets_settings_and_job_parameters(tmp_path: Path) ->
     assert settings == flink_settings(options)
     assert settings["table.exec.async-scalar.max-concurrent-operations"] == "32"
     # what a job sets is what the functions read back in open()
-    assert PipelineOptions.from_job_parameters(lambda k, d: params.get(k, d)) == options
+    assert InferenceOptions.from_job_parameters(lambda k, d: params.get(k, d)) == options
 
 
 def test_configure_table_env_options_win_over_extra_parameters() -> None:
     t_env = _TableEnv()
     extra = {"aisp.batch.max-size": "9"}
-    settings = configure_table_env(t_env, PipelineOptions(), extra_job_parameters=extra)
+    settings = configure_table_env(t_env, InferenceOptions(), extra_job_parameters=extra)
     assert json.loads(settings["pipeline.global-job-parameters"])["aisp.batch.max-size"] == "32"
 
 
@@ -337,15 +337,15 @@ def test_udf_objects_are_async_and_pandas_scalar_functions() -> None:
     assert [f.name for f in sentiment_pandas._result_type.fields] == fields
     assert sentiment._result_type == SENTIMENT_RESULT_TYPE
     assert sentiment._func._shared.defaults is None  # the table's defaults, under the job parameters
-    custom = sentiment_udf(PipelineOptions(intra_op_threads=1), vectorized=True)
+    custom = sentiment_udf(InferenceOptions(intra_op_threads=1), vectorized=True)
     assert isinstance(custom._func, PandasSentimentFunction)
-    assert custom._func._shared.defaults == PipelineOptions(intra_op_threads=1)
+    assert custom._func._shared.defaults == InferenceOptions(intra_op_threads=1)
 
 
 def test_functions_pickle_without_their_runtime() -> None:
-    function = _with_fake(AsyncSentimentFunction(PipelineOptions(intra_op_threads=2)))
+    function = _with_fake(AsyncSentimentFunction(InferenceOptions(intra_op_threads=2)))
     copy = cloudpickle.loads(cloudpickle.dumps(function))
-    assert copy._shared.runtime is None and copy._shared.defaults == PipelineOptions(intra_op_threads=2)
+    assert copy._shared.runtime is None and copy._shared.defaults == InferenceOptions(intra_op_threads=2)
 
 
 def test_async_operator_gets_a_copy_of_each_reused_input_row() -> None:
@@ -440,10 +440,10 @@ def test_the_sql_functions_trip_the_circuit_breaker_when_most_rows_fail() -> Non
 
 
 def test_the_sql_functions_get_the_breaker_from_the_job_parameters() -> None:
-    from pyflink_aisp.pipeline import PipelineOptions
+    from pyflink_aisp.pipeline import InferenceOptions
 
-    assert PipelineOptions().breaker() is not None
-    assert PipelineOptions(max_failure_rate=None).breaker() is None
-    config = PipelineOptions.from_job_parameters(
+    assert InferenceOptions().breaker() is not None
+    assert InferenceOptions(max_failure_rate=None).breaker() is None
+    config = InferenceOptions.from_job_parameters(
         {"aisp.breaker.max-failure-rate": "0.25", "aisp.breaker.window": "50"}.get).breaker()
     assert (config.max_failure_rate, config.window_records, config.min_records) == (0.25, 50, 5)
