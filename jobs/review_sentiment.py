@@ -1,51 +1,13 @@
-"""Review sentiment: Kafka → decode (DLQ) → tokenize + batched inference → Kafka, exactly once.
+"""The review sentiment job (:mod:`pyflink_aisp.jobs.review_sentiment`, which ships in the package).
 
-Reads JSON reviews ``{"id", "text", "label"}`` from ``--input-topic``, scores
-each text with all-MiniLM-L6-v2 plus a logistic sentiment head (one ONNX
-Runtime session per Python worker) and writes ``{"id", "label", "score",
-"model_sha256"}`` (``"embedding"``: 384 floats with ``--with-embedding``) to
-``--output-topic``; records that do not decode or score go to ``--dlq-topic``
-with the reason. Every output and dead letter carries the Kafka header
-``aisp.source`` = ``topic/partition/offset`` of its input record. With
-``--encoder-onnx`` / ``--encoder-tokenizer`` it runs any ONNX text encoder
-instead and writes ``{"id", "embedding", "model_sha256"}``. The graph is
-:func:`pyflink_aisp.pipeline.flink.build_pipeline`, run by
-:func:`pyflink_aisp.pipeline.flink.run_job`; every flag is a row of the
-options table (``--help``, README "Options").
-
-Run it locally (MiniCluster)::
-
-    python jobs/review_sentiment.py --input-topic reviews --output-topic scores --mode batch
-
-or on a cluster::
-
-    flink run -pyexec $(which python) -py jobs/review_sentiment.py --input-topic ...
-
-``--mode streaming`` (default) reads without end, checkpoints every
-``--checkpoint-interval-ms`` and commits its Kafka transactions on each
-checkpoint; it starts from the consumer group's committed offsets (earliest
-for a new group) or ``--range-start``. Stop it with ``flink stop`` (a
-savepoint: open transactions commit) and resume with ``flink run -s
-<savepoint>``. ``--mode batch`` reads the range ``--range-start`` (default
-earliest) to ``--range-end`` (default: the last stable offset at start), so
-the run ends. ``--manifest-dir`` writes run manifests. The job creates its
-output and DLQ topics.
+This file lets a source checkout run it as a script: ``python jobs/review_sentiment.py --help`` or
+``flink run -py jobs/review_sentiment.py ...``; an installed package runs the same ``main`` with
+``python -m pyflink_aisp.jobs.review_sentiment`` or ``flink run -pym pyflink_aisp.jobs.review_sentiment``.
 """
-
-from __future__ import annotations
 
 import sys
 
-from pyflink_aisp.pipeline import PipelineOptions
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the job; returns the exit status (1 on a pyflink-aisp error, printed in one line)."""
-    options = PipelineOptions.from_args(argv, description=__doc__.split("\n\n")[0])
-    from pyflink_aisp.pipeline.flink import run_job
-
-    return run_job(options, prog="review_sentiment")
-
+from pyflink_aisp.jobs.review_sentiment import main
 
 if __name__ == "__main__":
     sys.exit(main())

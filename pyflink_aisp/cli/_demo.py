@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyflink_aisp.errors import AispError, EnvironmentSetupError
-from pyflink_aisp.home import project_root
+from pyflink_aisp.errors import AispError
+from pyflink_aisp.jobs.review_sentiment import MODULE as JOB_MODULE
 from pyflink_aisp.local import LocalStack
 
 __all__ = ["DemoResult", "run_demo"]
@@ -52,13 +52,6 @@ class DemoResult:
         return self.processed / self.output_span_seconds if self.output_span_seconds > 0 else 0.0
 
 
-def _job_path() -> Path:
-    root = project_root()
-    if root is None:
-        raise EnvironmentSetupError("aisp demo runs from a source checkout (jobs/ is not installed)")
-    return root / "jobs" / "review_sentiment.py"
-
-
 def _fresh_topics(bootstrap: str) -> tuple[str, str, str]:
     from pyflink_aisp.kafka import create_topics, delete_topics, list_topics
 
@@ -77,9 +70,9 @@ def _run_job(
     args = ["--bootstrap-servers", bootstrap, "--input-topic", topics[0], "--output-topic", topics[1],
             "--dlq-topic", topics[2], "--mode", "batch", "--model-dir", str(model_dir)]
     if runner == "cluster":
-        cmd, env = stack.flink_run_command(str(_job_path()), *args), stack.flink_env()
+        cmd, env = stack.flink_run_command(JOB_MODULE, *args, module=True), stack.flink_env()
     else:
-        cmd, env = [sys.executable, str(_job_path()), *args], None
+        cmd, env = [sys.executable, "-m", JOB_MODULE, *args], None
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
@@ -91,11 +84,11 @@ def _run_job(
 
 def _baseline(assets: object, texts: list[str]) -> float:
     from pyflink_aisp.inference.handlers import OnnxSentimentModel
-    from pyflink_aisp.pipeline import PipelineOptions
+    from pyflink_aisp.pipeline import InferenceOptions
 
     # Batches of the job's own most (32): on the whole corpus faster than the model's default of 64
     # (bench/inference_bench.py: 690 against 592 records/s in one run).
-    model = OnnxSentimentModel(assets, batch_size=PipelineOptions().max_batch_size)  # type: ignore[arg-type]
+    model = OnnxSentimentModel(assets, batch_size=InferenceOptions().max_batch_size)  # type: ignore[arg-type]
     start = time.perf_counter()
     model.predict(texts)
     return len(texts) / (time.perf_counter() - start)

@@ -5,8 +5,10 @@ Layout of a package folder (default ``<aisp_home>/packages/review-sentiment``)::
     aisp-env.tar.gz        the job's Python (``-pyarch ...#aisp-env``, see ``_env``)
     jars/*.jar             the Flink Kafka connector (the job's ``--jars``: ``pipeline.jars``)
     model/                 the sentiment model assets (model.onnx, tokenizer.json, manifest.json)
-    review_sentiment.py    the job entry point (``-py``)
     package.json           sha256 of every file, the model version, the ``flink run`` argv
+
+The job's entry point ships in the environment's copy of the package: ``flink run
+-pym pyflink_aisp.jobs.review_sentiment``.
 
 The model is read from the package folder, which every TaskManager must see at
 the same path (one host, or a shared volume); each Python worker checks the
@@ -25,14 +27,14 @@ from pathlib import Path
 
 from pyflink_aisp.checksums import sha256_file
 from pyflink_aisp.deploy._env import ENV_ARCHIVE_TARGET, EnvArchive, ensure_env_archive
-from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
-from pyflink_aisp.home import aisp_home, project_root
+from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.home import aisp_home
+from pyflink_aisp.jobs.review_sentiment import MODULE as JOB_MODULE
 from pyflink_aisp.models import ModelAssets, ensure_model_assets, load_model_assets
 
 __all__ = ["JobPackage", "build_package", "default_package_dir"]
 
 _ENV_FILE = "aisp-env.tar.gz"
-_JOB = "review_sentiment.py"
 _MANIFEST = "package.json"
 
 
@@ -50,7 +52,7 @@ class JobPackage:
         env: The environment archive it links.
         model: The model assets copied into ``model/``.
         jars: The connector jars in ``jars/``.
-        job: The entry point ``review_sentiment.py``.
+        module: The job's entry module in the environment (``flink run -pym``).
         flink: The ``flink`` executable the printed command uses.
         jobmanager: ``host:port`` of the cluster's REST endpoint (``flink run -m``).
     """
@@ -59,7 +61,7 @@ class JobPackage:
     env: EnvArchive
     model: ModelAssets
     jars: tuple[Path, ...]
-    job: Path
+    module: str
     flink: str
     jobmanager: str
 
@@ -79,7 +81,7 @@ class JobPackage:
             self.flink, "run", *(["-d"] if detached else []), "-m", self.jobmanager,
             "-pyarch", f"{archive}#{ENV_ARCHIVE_TARGET}",
             "-pyexec", self.env.python, "-pyclientexec", self.env.python,
-            "-py", str(self.job), "--jars", jars, "--model-dir", str(self.model.directory), *job_args,
+            "-pym", self.module, "--jars", jars, "--model-dir", str(self.model.directory), *job_args,
         ]  # fmt: skip
 
     def command_line(self, *job_args: str) -> str:
@@ -105,16 +107,11 @@ def build_package(
         jobmanager: ``flink run -m`` value.
 
     Raises:
-        EnvironmentSetupError: As :func:`ensure_env_archive`, or the job file is missing.
+        EnvironmentSetupError: As :func:`ensure_env_archive`.
         ModelError: The model assets are missing or fail their checksums.
     """
     from pyflink_aisp.jars import flink_connector_jars
 
-    root = project_root()
-    source_job = root / "jobs" / _JOB if root is not None else None
-    if source_job is None or not source_job.is_file():
-        raise EnvironmentSetupError("jobs/review_sentiment.py not found: run `aisp package` in a source "
-                                    "checkout of pyflink-aisp")  # fmt: skip
     target = Path(directory or default_package_dir()).expanduser().absolute()
     env = ensure_env_archive()
     assets = model or ensure_model_assets()
@@ -128,10 +125,10 @@ def build_package(
     model_dir = target / "model"
     shutil.rmtree(model_dir, ignore_errors=True)
     shutil.copytree(assets.directory, model_dir, ignore=shutil.ignore_patterns("*.lock", ".*"))
-    job = _place(source_job, target / _JOB)
+    (target / "review_sentiment.py").unlink(missing_ok=True)  # a job file of packages built before -pym
     package = JobPackage(
         directory=target, env=env, model=load_model_assets(model_dir), jars=tuple(placed_jars),
-        job=job, flink=flink, jobmanager=jobmanager,
+        module=JOB_MODULE, flink=flink, jobmanager=jobmanager,
     )  # fmt: skip
     _write_manifest(package)
     return package

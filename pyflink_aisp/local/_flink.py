@@ -99,9 +99,9 @@ class FlinkCluster:
         """Environment for PyFlink's ``bin/`` scripts aimed at this cluster."""
         return cluster_env(self.config)
 
-    def run_command(self, job_py: str | os.PathLike[str], *args: str) -> list[str]:
-        """argv of ``flink run -py`` for this cluster (run it with :meth:`env`)."""
-        return cluster_run_command(job_py, *args, config=self.config)
+    def run_command(self, job_py: str | os.PathLike[str], *args: str, module: bool = False) -> list[str]:
+        """argv of ``flink run -py`` (``-pym`` with ``module``) for this cluster (run it with :meth:`env`)."""
+        return cluster_run_command(job_py, *args, config=self.config, module=module)
 
     def pid_files(self) -> list[Path]:
         """The daemon pid files (JobManager, TaskManager)."""

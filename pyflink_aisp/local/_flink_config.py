@@ -437,19 +437,25 @@ def daemon_env(config: FlinkClusterConfig) -> dict[str, str]:
     return env
 
 
-def cluster_run_command(job_py: str | os.PathLike[str], *args: str, config: FlinkClusterConfig) -> list[str]:
-    """argv for ``flink run -py job.py args...`` against the cluster of ``config``.
+def cluster_run_command(
+    job_py: str | os.PathLike[str], *args: str, config: FlinkClusterConfig, module: bool = False
+) -> list[str]:
+    """argv for ``flink run -py job.py args...`` (``-pym module`` with ``module``) against the
+    cluster of ``config``.
 
     Run it with ``env=cluster_env(config)``.
 
     Args:
-        job_py: The PyFlink job script.
+        job_py: The PyFlink job script, or with ``module`` the job's module name
+            (e.g. ``pyflink_aisp.jobs.review_sentiment``: the job ships in the package).
         args: Arguments passed on to the job.
         config: Cluster settings (:func:`pyflink_aisp.local.flink_run_command` defaults
             them to the local stack's).
+        module: ``job_py`` is a module of the client's Python (``flink run -pym``).
     """
     py = config.python_executable
+    entry = ["-pym", str(job_py)] if module else ["-py", os.fspath(job_py)]
     return [
         str(pyflink_home() / "bin" / "flink"), "run", "-m", f"localhost:{config.rest_port}",
-        "-pyexec", py, "-pyclientexec", py, "-py", os.fspath(job_py), *args,
+        "-pyexec", py, "-pyclientexec", py, *entry, *args,
     ]  # fmt: skip

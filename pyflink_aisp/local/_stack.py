@@ -382,9 +382,12 @@ class LocalStack:
         """Environment for ``bin/flink`` aimed at this stack's cluster."""
         return FlinkCluster(self.flink_config()).env()
 
-    def flink_run_command(self, job_py: str | os.PathLike[str], *args: str) -> list[str]:
-        """argv of ``flink run -py job_py args...`` for this stack's cluster (run with :meth:`flink_env`)."""
-        return FlinkCluster(self.flink_config()).run_command(job_py, *args)
+    def flink_run_command(
+        self, job_py: str | os.PathLike[str], *args: str, module: bool = False
+    ) -> list[str]:
+        """argv of ``flink run -py job_py args...`` (``-pym`` with ``module``) for this stack's
+        cluster (run with :meth:`flink_env`)."""
+        return FlinkCluster(self.flink_config()).run_command(job_py, *args, module=module)
 
     def _effective(self, recorded: Mapping[str, int]) -> LocalStackConfig:
         changes: dict[str, Any] = dict(recorded)
@@ -504,7 +507,7 @@ def flink_env(config: FlinkClusterConfig | None = None) -> dict[str, str]:
 
 
 def flink_run_command(
-    job_py: str | os.PathLike[str], *args: str, config: FlinkClusterConfig | None = None
+    job_py: str | os.PathLike[str], *args: str, config: FlinkClusterConfig | None = None, module: bool = False
 ) -> list[str]:
     """argv for ``flink run -py job.py args...`` against the local cluster (run it with
     ``env=flink_env(config)``).
@@ -513,5 +516,6 @@ def flink_run_command(
         job_py: The PyFlink job script.
         args: Arguments passed on to the job.
         config: Cluster settings; default: as :func:`flink_env`.
+        module: ``job_py`` is a module name (``flink run -pym``).
     """
-    return cluster_run_command(job_py, *args, config=config or LocalStack().flink_config())
+    return cluster_run_command(job_py, *args, config=config or LocalStack().flink_config(), module=module)

@@ -43,7 +43,8 @@ def _package(tmp_path: Path) -> JobPackage:
     env = EnvArchive(path=tmp_path / "aisp-env-x.tar.gz", key="c" * 64, built=False, size_bytes=1)
     root = tmp_path / "pkg"
     return JobPackage(directory=root, env=env, model=model, jars=(root / "jars" / "k.jar",),
-                      job=root / "review_sentiment.py", flink="/opt/flink/bin/flink", jobmanager="jm:8081")
+                      module="pyflink_aisp.jobs.review_sentiment", flink="/opt/flink/bin/flink",
+                      jobmanager="jm:8081")
 
 
 def test_flink_run_argv_of_a_package(tmp_path):
@@ -54,7 +55,7 @@ def test_flink_run_argv_of_a_package(tmp_path):
         "/opt/flink/bin/flink", "run", "-d", "-m", "jm:8081",
         "-pyarch", f"{(root / 'aisp-env.tar.gz').as_uri()}#aisp-env",
         "-pyexec", "aisp-env/venv/bin/python", "-pyclientexec", "aisp-env/venv/bin/python",
-        "-py", str(root / "review_sentiment.py"), "--jars", (root / "jars" / "k.jar").as_uri(),
+        "-pym", "pyflink_aisp.jobs.review_sentiment", "--jars", (root / "jars" / "k.jar").as_uri(),
         "--model-dir", str(root / "model"), "--input-topic", "in",
     ]
     assert pkg.command_line("--input-topic", "a b").endswith("--input-topic 'a b'")
@@ -63,7 +64,7 @@ def test_flink_run_argv_of_a_package(tmp_path):
 def test_package_directory_must_be_absolute(tmp_path):
     pkg = _package(tmp_path)
     with pytest.raises(ConfigError, match="absolute"):
-        JobPackage(directory=Path("rel"), env=pkg.env, model=pkg.model, jars=(), job=pkg.job,
+        JobPackage(directory=Path("rel"), env=pkg.env, model=pkg.model, jars=(), module=pkg.module,
                    flink="flink", jobmanager="x:1")
 
 
