@@ -6,7 +6,10 @@ The job graph of every packaged inference job, built from
 * source: a Kafka table of raw values with ``topic``/``partition``/``offset``
   metadata (:class:`~pyflink_aisp.kafka.KafkaSourceTable`), bounded at the
   latest offsets in BATCH mode;
-* decode + inference, one Python operator: ``--operator arrow`` (default) is
+* decode + inference, one Python operator, for any
+  :class:`~pyflink_aisp.inference.ModelHandler` that declares its
+  :meth:`~pyflink_aisp.inference.ModelHandler.task` (the output fields each
+  record's JSON carries between ``id`` and ``model_sha256``): ``--operator arrow`` (default) is
   ``Table.map`` with :class:`~pyflink_aisp.pipeline._arrow_op.ArrowInferenceFunction`
   (Arrow batches end to end); ``--operator async`` is PyFlink's
   ``AsyncDataStream`` with
@@ -32,8 +35,8 @@ from pyflink.datastream import (
 from pyflink.table import DataTypes, StreamTableEnvironment, Table, TableResult
 from pyflink.table.expressions import col, lit, map_
 
-from pyflink_aisp.errors import ConfigError, KafkaError
-from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.errors import ConfigError, DecodeError, KafkaError
+from pyflink_aisp.inference import ModelHandler, Task, check_task, render_prediction
 from pyflink_aisp.jars import connector_jars
 from pyflink_aisp.kafka import (
     JOB_HEADER,
@@ -43,12 +46,12 @@ from pyflink_aisp.kafka import (
     StartupMode,
     check_transaction_timeout,
     create_topics,
+    decode_record,
     default_bootstrap_servers,
     list_topics,
     sink_record_limit,
 )
-from pyflink_aisp.kafka.flink import UndecodableRecord, decode_row
-from pyflink_aisp.outcome import MIN_RECORD_BYTES, DeadLettered, render_dead_letter, render_scored
+from pyflink_aisp.outcome import MIN_RECORD_BYTES, DeadLettered, render_dead_letter
 from pyflink_aisp.pipeline._arrow_op import ArrowInferenceFunction, arrow_inference_udf
 from pyflink_aisp.pipeline._async_op import BatchedInferenceFunction
 from pyflink_aisp.pipeline._config import PipelineOptions, flink_settings
@@ -134,7 +137,9 @@ def build_pipeline(
     Args:
         t_env: From :func:`make_environment` (or any table environment set up alike).
         options: Topics, mode, operator, batching, model.
-        handler: Replaces the handler the options name (a user's own handler).
+        handler: Replaces the handler the options name: any
+            :class:`~pyflink_aisp.inference.ModelHandler` whose ``task()`` declares
+            its output fields (a user's own handler; pickled into the job graph).
         plan: Where the source starts and stops (default: :func:`plan_input` of
             ``options`` now); pass the one a manifest will record.
 
@@ -152,6 +157,7 @@ def build_pipeline(
         raise ConfigError("build_pipeline needs input_topic and output_topic")
     servers = options.bootstrap_servers or default_bootstrap_servers()
     handler = handler or handler_for(options)
+    task = check_task(handler.task(with_embedding=options.with_embedding))  # before any topic is made
     if options.input_topic not in list_topics(servers):
         raise KafkaError(f"input topic {options.input_topic} does not exist on {servers}")
     for info in create_topics(servers, [options.output_topic, options.dlq]):
@@ -168,7 +174,7 @@ def build_pipeline(
                           f"max.message.bytes to at least {MIN_RECORD_BYTES + 1024}")
     check_transaction_timeout(servers, options.transaction_timeout_ms)
     plan = plan or plan_input(options)
-    scored = _scored_table(t_env, options, servers, handler, limit, plan)
+    scored = _scored_table(t_env, options, servers, handler, task, limit, plan)
     prefix = options.transactional_prefix
     statements = t_env.create_statement_set()
     for name, topic, kind, dead in (("scores_out", options.output_topic, "scores", False),
@@ -187,7 +193,7 @@ def build_pipeline(
 
 def _scored_table(
     t_env: StreamTableEnvironment, options: PipelineOptions, servers: str,
-    handler: ModelHandler[Any, Any, Any], max_record_bytes: int, plan: InputPlan,
+    handler: ModelHandler[Any, Any, Any], task: Task, max_record_bytes: int, plan: InputPlan,
 ) -> Table:
     """Source → decode + inference: a table ``(key, value, dead, source)``."""
     startup = StartupMode(options.startup_mode) if options.startup_mode else _DEFAULT_STARTUP[options.mode]
@@ -206,13 +212,34 @@ def _scored_table(
         return raw.map(arrow_inference_udf(function)).alias("key", "value", "dead", "source")
     scorer = BatchedInferenceFunction(
         handler, batching=options.batching(), prepare=decode_row, extract=_text,
-        emit=_async_output(options.with_embedding, max_record_bytes),
+        emit=_async_output(task, max_record_bytes),
         dead_letter=_async_dead_letter(max_record_bytes), swap=options.swap(), breaker=options.breaker(),
         affinity=options.affinity())
     wait = AsyncDataStream.ordered_wait if options.ordered else AsyncDataStream.unordered_wait
     stream = wait(t_env.to_data_stream(raw), scorer, Time.seconds(options.timeout_s), options.capacity,
                   SCORED_TYPE).name("decode+tokenize+infer")
     return t_env.from_data_stream(stream)
+
+
+class UndecodableRecord(DecodeError):
+    """Raised by :func:`decode_row`; ``letter`` is the record's dead letter."""
+
+    def __init__(self, letter: DeadLettered) -> None:
+        super().__init__(str(letter.reason), letter.detail)
+        self.letter = letter
+
+
+def decode_row(value: Row) -> Row:
+    """Decode a raw Kafka row ``(value BYTES, topic, partition, offset)`` into a row
+    ``(id, text, topic, partition, offset)``.
+
+    Raises:
+        UndecodableRecord: The record is not a review; its ``letter`` says why.
+    """
+    result = decode_record(value[0], value[1], value[2], value[3])
+    if isinstance(result, DeadLettered):
+        raise UndecodableRecord(result)
+    return Row(id=result.id, text=result.text, topic=value[1], partition=value[2], offset=value[3])
 
 
 def _source(topic: Any, partition: Any, offset: Any) -> str:
@@ -223,10 +250,9 @@ def _text(record: Row) -> str:
     return str(record[1])
 
 
-def _async_output(with_embedding: bool, max_record_bytes: int) -> Any:
+def _async_output(task: Task, max_record_bytes: int) -> Any:
     def emit(record: Row, prediction: Any, version: str) -> Row:
-        value = render_scored(record[0], prediction, version, with_embedding=with_embedding,
-                              max_record_bytes=max_record_bytes)
+        value = render_prediction(task, record[0], prediction, version, max_record_bytes=max_record_bytes)
         return Row(key=record[0], value=value, dead=False, source=_source(record[2], record[3], record[4]))
 
     return emit
@@ -238,7 +264,7 @@ def _async_dead_letter(max_record_bytes: int) -> Any:
         dead letter, or the dead letter of its failed, timed-out or oversized inference."""
         source = _source(raw[1], raw[2], raw[3])
         if isinstance(error, UndecodableRecord):
-            key, value = render_dead_letter(error.letter.outcome(), max_record_bytes)
+            key, value = render_dead_letter(error.letter, max_record_bytes)
             return Row(key=key, value=value, dead=True, source=source)
         record = decode_row(raw)  # it decoded before, or inference would not have run
         letter = DeadLettered.of_error(error, id=record[0], topic=record[2], partition=record[3],
