@@ -32,7 +32,7 @@ from pyflink.datastream import (
     RuntimeExecutionMode,
     StreamExecutionEnvironment,
 )
-from pyflink.table import DataTypes, StreamTableEnvironment, Table, TableResult
+from pyflink.table import DataTypes, StatementSet, StreamTableEnvironment, Table, TableResult
 from pyflink.table.expressions import col, lit, map_
 
 from pyflink_aisp.errors import ConfigError, DecodeError, KafkaError
@@ -66,7 +66,7 @@ from pyflink_aisp.pipeline._preflight import (
     check_python,
 )
 
-__all__ = ["SCORED_TYPE", "build_pipeline", "make_environment"]
+__all__ = ["SCORED_TYPE", "build_pipeline", "make_environment", "pipeline_statements"]
 
 _DEFAULT_STARTUP = {"batch": StartupMode.EARLIEST, "streaming": StartupMode.GROUP_OFFSETS}
 
@@ -132,7 +132,8 @@ def build_pipeline(
     *,
     plan: InputPlan | None = None,
 ) -> TableResult:
-    """Declare the Kafka tables, build the job graph and submit it.
+    """Declare the Kafka tables, build the job graph and submit it
+    (:func:`pipeline_statements`, then ``execute()``).
 
     Args:
         t_env: From :func:`make_environment` (or any table environment set up alike).
@@ -148,10 +149,25 @@ def build_pipeline(
         ``.get_job_client().cancel()`` to stop a streaming one).
 
     Raises:
-        ConfigError: No input or output topic, or a range bound that does not fit the
-            topic (:func:`~pyflink_aisp.alignment.resolve_range`).
+        ConfigError: No input or output topic, a handler without a task, or a range
+            bound that does not fit the topic (:func:`~pyflink_aisp.alignment.resolve_range`).
         KafkaError: The broker is unreachable or the input topic does not exist.
         ModelError: The model assets cannot be found or built.
+    """
+    return pipeline_statements(t_env, options, handler, plan=plan).execute()
+
+
+def pipeline_statements(
+    t_env: StreamTableEnvironment,
+    options: PipelineOptions,
+    handler: ModelHandler[Any, Any, Any] | None = None,
+    *,
+    plan: InputPlan | None = None,
+) -> StatementSet:
+    """The job graph of :func:`build_pipeline`, not submitted: one ``INSERT`` per sink in a
+    ``StatementSet`` (``explain()`` shows the plan). Creates the output and DLQ topics.
+
+    Args and Raises: as :func:`build_pipeline`.
     """
     if not options.input_topic or not options.output_topic:
         raise ConfigError("build_pipeline needs input_topic and output_topic")
@@ -188,7 +204,7 @@ def build_pipeline(
                        lit(JOB_HEADER), lit(options.name).cast(DataTypes.BYTES()))
         rows = scored.where(col("dead") == lit(dead)).select(col("key"), col("value"), lineage)
         statements.add_insert(name, rows)
-    return statements.execute()
+    return statements
 
 
 def _scored_table(
