@@ -85,7 +85,7 @@ class WorkerSpec:
                    key=handler_key(handler))
 
 
-def metric_group(context: Any) -> Any:
+def _metric_group(context: Any) -> Any:
     """The context's ``aisp`` metric group, or None when ``python.metric.enabled`` is false.
 
     A Table API ``FunctionContext`` has ``get_metric_group``, a DataStream
@@ -165,7 +165,7 @@ class OperatorShell:
             self.close()
             raise
         self.breaker = None if spec.breaker is None else FailureRateBreaker(spec.breaker)
-        self._bind_metrics(metric_group(context))
+        self._bind_metrics(_metric_group(context))
         return self.runtime
 
     def _bind_metrics(self, group: Any) -> None:
