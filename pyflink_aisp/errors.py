@@ -16,7 +16,8 @@ caller can catch one type. Errors carry the context a user needs to act
     ├── TokenizeError          one input could not be tokenized
     ├── InferenceError         a record got no prediction (batcher closed, timed out)
     │   ├── InferenceTimeoutError  it waited longer than the operator's timeout
-    │   └── CircuitOpenError       too many records fail inference: fail the job (restart)
+    │   ├── CircuitOpenError       too many records fail inference: fail the job (restart)
+    │   └── OperatorNotOpenError   an operator scored a record before its open() (also a RuntimeError)
     ├── OversizedOutputError   a record's output is larger than the sink can write
     ├── KafkaError             producing to / consuming from Kafka failed
     └── AffinityError          GPU affinity: topology, placement, leases, the service
@@ -44,6 +45,7 @@ __all__ = [
     "KafkaError",
     "LeaseNotFoundError",
     "ModelError",
+    "OperatorNotOpenError",
     "OversizedOutputError",
     "PlacementRefusedError",
     "ServiceError",
@@ -120,6 +122,11 @@ class InferenceError(AispError):
 
 class InferenceTimeoutError(InferenceError):
     """A record waited longer than its operator's timeout (dead-lettered as ``inference_timeout``)."""
+
+
+class OperatorNotOpenError(InferenceError, RuntimeError):
+    """An operator or SQL function scored a record before its ``open()`` ran: a bug in
+    the job, not in a record (a ``RuntimeError`` too)."""
 
 
 class CircuitOpenError(InferenceError):

@@ -30,10 +30,9 @@ from __future__ import annotations
 import base64
 import enum
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from pyflink_aisp.errors import DecodeError, InferenceError, InferenceTimeoutError, OversizedOutputError
 
@@ -188,25 +187,27 @@ def render_dead_letter(letter: DeadLettered, max_record_bytes: int) -> tuple[str
 
 
 def render_scored(
-    record_id: str, prediction: Any, model_version: str, *, with_embedding: bool, max_record_bytes: int
+    record_id: str, fields: Mapping[str, Any], model_version: str, *,
+    extra: Mapping[str, Any] | None = None, max_record_bytes: int,
 ) -> str:
     """The output value of a scored record (:func:`scored_json`), checked against the sink.
 
     Args:
         record_id: The record's id (also the Kafka key).
-        prediction: As for :func:`scored_json`.
+        fields: The prediction's fields, as its task rendered them
+            (:meth:`pyflink_aisp.inference.Task.render`), without the extra ones.
         model_version: sha256 of the model that scored it.
-        with_embedding: Add the sentiment model's embedding.
+        extra: The extra fields the job asked for (written after ``model_sha256``).
         max_record_bytes: Most UTF-8 bytes of key + value the sink can write.
 
     Raises:
         OversizedOutputError: Key + value exceed ``max_record_bytes`` (reason
             ``oversized_output``).
-        InferenceError: The prediction holds NaN or an infinity, which JSON cannot
-            carry (RFC 8259 section 6): a model failure, reason ``inference_error``.
+        InferenceError: A value is NaN or an infinity, which JSON cannot carry
+            (RFC 8259 section 6): a model failure, reason ``inference_error``.
     """
     try:
-        value = scored_json(record_id, prediction, model_version, with_embedding=with_embedding)
+        value = scored_json(record_id, fields, model_version, extra=extra)
     except ValueError as exc:
         raise InferenceError(f"the model's output is not finite (NaN or infinity; not JSON, RFC 8259 "
                              f"section 6): {exc}") from exc
@@ -221,30 +222,27 @@ def sentiment_label(score: float) -> str:
     return "fresh" if score >= 0.5 else "rotten"
 
 
-def scored_json(record_id: str, prediction: Any, model_version: str, *, with_embedding: bool) -> str:
+def scored_json(
+    record_id: str, fields: Mapping[str, Any], model_version: str, *, extra: Mapping[str, Any] | None = None
+) -> str:
     """The output value of a scored record.
 
     Args:
         record_id: The record's id.
-        prediction: ``(score, (384,) float32 embedding)`` of the sentiment model, or a
-            ``(dim,)`` float32 vector of a generic encoder.
+        fields: The prediction's fields (JSON-able values), in their order.
         model_version: sha256 of the model that scored it.
-        with_embedding: Add the sentiment model's embedding.
+        extra: Extra fields the job asked for, after ``model_sha256``.
 
     Returns:
-        ASCII JSON: ``{"id", "label", "score", "model_sha256"}`` (``"embedding"``
-        with ``with_embedding``) for the sentiment model; ``{"id", "embedding",
-        "model_sha256"}`` for an encoder.
+        ASCII JSON ``{"id", <fields>..., "model_sha256", <extra>...}``: for the
+        sentiment model ``{"id", "label", "score", "model_sha256"}`` (then
+        ``"embedding"`` with ``--with-embedding``); for an encoder ``{"id",
+        "embedding", "model_sha256"}``.
 
     Raises:
-        ValueError: A score or embedding value is NaN or infinite (not JSON).
+        ValueError: A value is NaN or infinite (not JSON).
     """
-    if isinstance(prediction, np.ndarray):
-        return json.dumps({"id": record_id, "embedding": prediction.tolist(), "model_sha256": model_version},
-                          allow_nan=False)
-    score, embedding = prediction
-    out: dict[str, Any] = {"id": record_id, "label": sentiment_label(score), "score": float(score),
-                           "model_sha256": model_version}
-    if with_embedding:
-        out["embedding"] = np.asarray(embedding, dtype=np.float64).tolist()
-    return json.dumps(out, allow_nan=False)
+    doc = {"id": record_id, **fields, "model_sha256": model_version}
+    if extra:
+        doc.update(extra)
+    return json.dumps(doc, allow_nan=False)

@@ -28,6 +28,12 @@ Apache Beam's RunInference) as this handler keeps it:
 * ``model_version()`` tags every output; ``example_tokens`` sizes an example for
   length buckets and token budgets; ``device()`` is reported in metrics;
   ``release_model`` runs in ``close()``.
+* ``task()`` declares what a prediction becomes in the packaged job's output
+  (``build_pipeline``): here :class:`LexiconTask`, the fields ``label``
+  (STRING), ``score`` (DOUBLE) and ``known_words`` (BIGINT: distinct words of
+  the text the lexicon knows), so each output is ``{"id", "label", "score",
+  "known_words", "model_sha256"}``. ``jobs/examples/lexicon_job.py`` runs this
+  handler in that job (Kafka in, Kafka out, exactly once).
 
 Check a handler before a job runs it::
 
@@ -57,9 +63,18 @@ from typing import Any
 from pyflink_aisp.checksums import sha256_file, verify_sha256
 from pyflink_aisp.datasets import Review, load_rotten_tomatoes, split_reviews
 from pyflink_aisp.errors import ConfigError, ModelError
-from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.inference import ModelHandler, OutputField, SqlType, Task
+from pyflink_aisp.outcome import sentiment_label
 
-__all__ = ["Lexicon", "LexiconSentimentHandler", "main", "train_lexicon", "words"]
+__all__ = [
+    "Lexicon",
+    "LexiconScore",
+    "LexiconSentimentHandler",
+    "LexiconTask",
+    "main",
+    "train_lexicon",
+    "words",
+]
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _FORMAT = 1
@@ -78,9 +93,18 @@ class Lexicon:
     weights: dict[str, float]
 
     def score(self, text: str) -> float:
-        """P(fresh) of ``text``: ``sigmoid(prior + Σ weights[w])`` over its distinct words."""
-        logit = self.prior + sum(self.weights.get(w, 0.0) for w in words(text))
+        """P(fresh) of ``text``: ``sigmoid(prior + Σ weights[w])`` over its distinct words.
+
+        The sum is ``math.fsum`` (correctly rounded): a set's order changes with the
+        process's hash seed, so a plain ``sum`` gave the same text scores that differed
+        in the last bits from one Python worker to the next (measured under ``flink run``).
+        """
+        logit = math.fsum([self.prior, *(self.weights.get(w, 0.0) for w in words(text))])
         return 1.0 / (1.0 + math.exp(-logit)) if logit >= 0 else math.exp(logit) / (1.0 + math.exp(logit))
+
+    def known_words(self, text: str) -> int:
+        """How many distinct words of ``text`` have a weight."""
+        return sum(w in self.weights for w in words(text))
 
     def save(self, path: Path) -> str:
         """Write the lexicon as JSON (sorted keys: same lexicon, same bytes) and return its sha256."""
@@ -131,8 +155,31 @@ def train_lexicon(reviews: Iterable[Review], *, min_count: int = 2, alpha: float
     return Lexicon(prior=math.log(docs[1] / docs[0]), weights=weights)
 
 
-class LexiconSentimentHandler(ModelHandler[str, float, Lexicon]):
-    """Scores review texts with a lexicon file: one P(fresh) float per text.
+@dataclass(frozen=True, kw_only=True)
+class LexiconScore:
+    """One text's prediction: P(fresh) and the distinct known words it rests on."""
+
+    score: float
+    known_words: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LexiconTask(Task):
+    """The lexicon's output fields: ``label``, ``score``, ``known_words`` (no embedding)."""
+
+    @property
+    def fields(self) -> tuple[OutputField, ...]:
+        return (OutputField(name="label", sql_type=SqlType.STRING),
+                OutputField(name="score", sql_type=SqlType.DOUBLE),
+                OutputField(name="known_words", sql_type=SqlType.BIGINT))
+
+    def render(self, prediction: LexiconScore) -> dict[str, Any]:
+        return {"label": sentiment_label(prediction.score), "score": prediction.score,
+                "known_words": prediction.known_words}
+
+
+class LexiconSentimentHandler(ModelHandler[str, LexiconScore, Lexicon]):
+    """Scores review texts with a lexicon file: one :class:`LexiconScore` per text.
 
     Args:
         path: The lexicon JSON (:meth:`Lexicon.save`); must exist on every worker.
@@ -153,9 +200,13 @@ class LexiconSentimentHandler(ModelHandler[str, float, Lexicon]):
         verify_sha256(self._path, self._sha256)
         return Lexicon.load(self._path)
 
-    def run_inference(self, batch: Sequence[str], model: Lexicon) -> list[float]:
+    def run_inference(self, batch: Sequence[str], model: Lexicon) -> list[LexiconScore]:
         """One score per text, in order (a non-``str`` example fails the batch)."""
-        return [model.score(text) for text in batch]
+        return [LexiconScore(score=model.score(text), known_words=model.known_words(text)) for text in batch]
+
+    def task(self, *, with_embedding: bool = False) -> LexiconTask:
+        """:class:`LexiconTask` (a lexicon has no embedding: ``with_embedding`` adds nothing)."""
+        return LexiconTask()
 
     def model_version(self) -> str:
         """The lexicon file's sha256."""
@@ -184,7 +235,7 @@ def _run_job(handler: LexiconSentimentHandler, reviews: list[Review]) -> list[tu
         handler,
         batching=BatchingConfig(max_batch_size=64, max_wait_ms=5.0),
         extract=lambda record: record[1],
-        emit=lambda record, score, version: (record[0], float(score), version),
+        emit=lambda record, prediction, version: (record[0], prediction.score, version),
     )
     out_type = Types.TUPLE([Types.STRING(), Types.DOUBLE(), Types.STRING()])
     scored = AsyncDataStream.unordered_wait(records, scorer, Time.seconds(60), 256, out_type)

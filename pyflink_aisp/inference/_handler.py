@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pyflink_aisp.errors import ConfigError, ModelError
+from pyflink_aisp.inference._task import Task
 
 __all__ = ["ModelHandler", "Prepared", "as_list"]
 
@@ -96,6 +97,28 @@ class ModelHandler(abc.ABC, Generic[ExampleT, PredictionT, ModelT]):
         examples that fail alone are dead-lettered. An out-of-memory error (see
         :func:`pyflink_aisp.inference.is_out_of_memory`) also lowers the batch size.
         """
+
+    def task(self, *, with_embedding: bool = False) -> Task:
+        """What this handler's predictions mean: their output fields and how one renders.
+
+        The Kafka operators (``build_pipeline``) render every prediction with it, SQL
+        functions take their row type from its fields. Called where the job is built
+        (the client), so keep it cheap and the task small.
+
+        Args:
+            with_embedding: The job asked for each record's embedding too
+                (``--with-embedding``); a task without an embedding ignores it.
+
+        Default: none declared, which raises: override it to return a
+        :class:`~pyflink_aisp.inference.Task` (e.g. the project's
+        :class:`~pyflink_aisp.inference.SentimentTask` or
+        :class:`~pyflink_aisp.inference.EmbeddingTask`, or your own).
+
+        Raises:
+            ConfigError: The handler declares no task (this default).
+        """
+        raise ConfigError(f"{type(self).__name__} declares no output fields: override "
+                          "ModelHandler.task() to return a Task (pyflink_aisp.inference.Task)")
 
     def model_version(self) -> str:
         """An identifier of the version :meth:`load_model` loads (sha256 by convention)."""

@@ -336,11 +336,6 @@ class ModelRuntime:
         self._swap.last_error = message
 
 
-def _outcome(future: Future[Inferred]) -> Inferred | BaseException:
-    error = future.exception()
-    return error if error is not None else future.result()
-
-
 def handler_key(handler: ModelHandler[Any, Any, Any]) -> str:
     """Identity of a handler's configuration, for sharing one runtime among the
     operators of a worker: the sha256 of its pickle.

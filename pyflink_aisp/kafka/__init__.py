@@ -1,8 +1,6 @@
 """Kafka for pyflink-aisp: Flink source/sink tables with safe exactly-once defaults,
-JSON decoding with a dead-letter queue, and ingestion/admin on confluent-kafka.
-
-The PyFlink-dependent pieces (:class:`DecodeFunction`, :data:`DLQ_TAG`) live in
-``pyflink_aisp.kafka.flink`` so that importing this package needs no PyFlink.
+JSON decoding into records or dead letters (:class:`~pyflink_aisp.outcome.DeadLettered`),
+and ingestion/admin on confluent-kafka. Importing this package needs no PyFlink.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from pyflink_aisp.kafka._admin import (
     read_topic,
 )
 from pyflink_aisp.kafka._decode import (
-    DeadLetter,
     DecodedRecord,
     KafkaCoordinates,
     decode_record,
@@ -43,7 +40,6 @@ from pyflink_aisp.kafka._transactions import (
 __all__ = [
     "JOB_HEADER",
     "SOURCE_HEADER",
-    "DeadLetter",
     "DecodedRecord",
     "DeliveryGuarantee",
     "IngestResult",

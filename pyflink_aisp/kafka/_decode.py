@@ -2,8 +2,9 @@
 
 A record value must be UTF-8 JSON holding an object with a string ``text``;
 ``id`` (string or integer) and ``label`` are optional. Anything else becomes a
-:class:`DeadLetter` carrying the reason, the Kafka coordinates and the raw bytes
-(base64), so nothing is lost and the job never restarts for one bad record.
+:class:`~pyflink_aisp.outcome.DeadLettered` carrying the reason, the Kafka
+coordinates and the raw bytes (base64), so nothing is lost and the job never
+restarts for one bad record.
 
 Edge cases of RFC 8259, decided:
 
@@ -29,7 +30,6 @@ from pyflink_aisp.outcome import MAX_DEAD_LETTER_VALUE_BYTES, DeadLettered, Reas
 
 __all__ = [
     "MAX_DEAD_LETTER_VALUE_BYTES",
-    "DeadLetter",
     "DecodedRecord",
     "KafkaCoordinates",
     "decode_record",
@@ -63,25 +63,6 @@ class DecodedRecord:
     id: str
     text: str
     label: Any = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeadLetter:
-    """A record that could not be decoded (its ``id`` is unknown)."""
-
-    reason: Reason
-    detail: str
-    source: KafkaCoordinates
-    value: bytes | None
-
-    def outcome(self) -> DeadLettered:
-        """As the pipeline's dead-letter outcome (``id`` null)."""
-        return DeadLettered(reason=self.reason, detail=self.detail, topic=self.source.topic,
-                            partition=self.source.partition, offset=self.source.offset, value=self.value)
-
-    def to_json(self) -> str:
-        """The DLQ record value (schema: :mod:`pyflink_aisp.outcome`)."""
-        return self.outcome().to_json()
 
 
 _BOM = "\ufeff"
@@ -148,7 +129,13 @@ def _check_encodable(field: str, text: str) -> None:
         ) from exc
 
 
-def decode_review(value: bytes | None, source: KafkaCoordinates) -> DecodedRecord | DeadLetter:
+def _dead_letter(reason: Reason, detail: str, source: KafkaCoordinates, value: bytes | None) -> DeadLettered:
+    """The dead letter of a record that did not decode (its ``id`` unknown)."""
+    return DeadLettered(reason=reason, detail=detail, topic=source.topic, partition=source.partition,
+                        offset=source.offset, value=value)
+
+
+def decode_review(value: bytes | None, source: KafkaCoordinates) -> DecodedRecord | DeadLettered:
     """Decode one Kafka record value.
 
     Args:
@@ -156,7 +143,8 @@ def decode_review(value: bytes | None, source: KafkaCoordinates) -> DecodedRecor
         source: The record's topic, partition and offset.
 
     Returns:
-        A :class:`DecodedRecord`, or a :class:`DeadLetter` saying why not. Never raises
+        A :class:`DecodedRecord`, or a :class:`~pyflink_aisp.outcome.DeadLettered`
+        (``id`` None) saying why not. Never raises
         for bad input.
     """
     try:
@@ -177,13 +165,12 @@ def decode_review(value: bytes | None, source: KafkaCoordinates) -> DecodedRecor
         _check_encodable("id", str(rid))
         return DecodedRecord(id=str(rid), text=text, label=obj.get("label"))
     except DecodeError as exc:
-        return DeadLetter(
-            reason=Reason(exc.reason), detail=exc.detail, source=source,
-            value=None if value is None else bytes(value),
-        )
+        return _dead_letter(Reason(exc.reason), exc.detail, source, None if value is None else bytes(value))
 
 
-def decode_record(value: bytes | None, topic: str, partition: int, offset: int) -> DecodedRecord | DeadLetter:
+def decode_record(
+    value: bytes | None, topic: str, partition: int, offset: int
+) -> DecodedRecord | DeadLettered:
     """:func:`decode_review` with a catch-all: an exception nobody foresaw (a bug, an
     input of a new kind) becomes a ``decode_error`` dead letter, never a job restart.
 
@@ -199,5 +186,4 @@ def decode_record(value: bytes | None, topic: str, partition: int, offset: int) 
     except Exception as exc:
         raw = None if value is None else (value.encode("utf-8", "surrogatepass") if isinstance(value, str)
                                           else bytes(value))
-        return DeadLetter(reason=Reason.DECODE_ERROR, detail=f"{type(exc).__name__}: {exc}", source=source,
-                          value=raw)
+        return _dead_letter(Reason.DECODE_ERROR, f"{type(exc).__name__}: {exc}", source, raw)

@@ -10,7 +10,10 @@ operator's queue fills and ``process_element`` blocks, which backpressures the
 source; records are never dropped for it. The per-record ``timeout`` counts
 from the record's entry into the operator, so give it room for ``capacity /
 throughput`` seconds; a record that still times out goes to the dead-letter
-output (reason ``inference_timeout``) instead of failing the job.
+output (reason ``inference_timeout``) instead of failing the job. The worker
+lifecycle (lease, model, breaker, metrics, close) is the
+:class:`~pyflink_aisp.pipeline._shell.OperatorShell`'s; this operator keeps the
+per-record futures.
 """
 
 from __future__ import annotations
@@ -22,22 +25,17 @@ from typing import Any, Generic, TypeVar
 from pyflink.datastream.functions import AsyncFunction, RuntimeContext
 
 from pyflink_aisp.affinity import AffinitySettings, open_affinity
-from pyflink_aisp.errors import InferenceError, InferenceTimeoutError
-from pyflink_aisp.inference import (
-    BatchingConfig,
-    BreakerConfig,
-    FailureRateBreaker,
-    ModelHandler,
-    ModelRuntime,
-    ModelSwapConfig,
-    handler_key,
-)
-from pyflink_aisp.inference.metrics import Window, bind_breaker_metrics, register_window
+from pyflink_aisp.errors import InferenceTimeoutError
+from pyflink_aisp.inference import BatchingConfig, BreakerConfig, ModelHandler, ModelSwapConfig
+from pyflink_aisp.pipeline._shell import LeaseOpener, OperatorShell, WorkerSpec
 
 __all__ = ["BatchedInferenceFunction"]
 
 IN = TypeVar("IN")
 OUT = TypeVar("OUT")
+
+_COUNTERS = ("recordsIn", "recordsOut", "deadLetters")
+_WINDOWS = ("serializationUs", "endToEndUs")
 
 
 class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
@@ -66,16 +64,10 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
             None: never trips.
         affinity: GPU affinity lease taken in ``open()`` before the model loads
             (:func:`~pyflink_aisp.affinity.open_affinity`); None: none.
+        open_lease: Takes the lease (inject a fake in unit tests).
 
     Metrics: see :mod:`pyflink_aisp.inference.metrics` (group ``aisp``).
     """
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_runtime"] = None
-        state["_breaker"] = None
-        state["_affinity"] = None
-        return state
 
     def __init__(
         self,
@@ -89,100 +81,82 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         prepare: Callable[[IN], Any] | None = None,
         breaker: BreakerConfig | None = None,
         affinity: AffinitySettings | None = None,
+        open_lease: LeaseOpener = open_affinity,
     ) -> None:
-        self._handler = handler
-        self._handler_key = handler_key(handler)  # here, on the client: see handler_key
-        self._batching = batching
         self._extract = extract
         self._emit = emit
         self._dead_letter = dead_letter
-        self._swap = swap
         self._prepare = prepare
-        self._breaker_config = breaker
-        self._breaker: FailureRateBreaker | None = None
-        self._runtime: ModelRuntime | None = None
-        self._counts = {"recordsIn": 0, "recordsOut": 0, "deadLetters": 0}
-        self._affinity_settings = affinity
-        self._affinity: Any = None
+        spec = WorkerSpec.of(handler, batching=batching, swap=swap, breaker=breaker, affinity=affinity)
+        self._shell = OperatorShell(spec, counters=_COUNTERS, windows=_WINDOWS, open_lease=open_lease)
+
+    @property
+    def _counts(self) -> dict[str, int]:
+        return self._shell.counts
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        self._affinity = open_affinity(self._affinity_settings, runtime_context)  # before CUDA starts
-        self._runtime = ModelRuntime.acquire(self._handler, self._batching, swap=self._swap,
-                                             key=self._handler_key)
-        self._breaker = None if self._breaker_config is None else FailureRateBreaker(self._breaker_config)
-        self._counts = {"recordsIn": 0, "recordsOut": 0, "deadLetters": 0}
-        self._serde_us, self._e2e_us = Window(), Window()
-        group = runtime_context.get_metrics_group().add_group("aisp")
-        for name in self._counts:
-            group.gauge(name, self._count_reader(name))
-        register_window(group, "serializationUs", self._serde_us)
-        register_window(group, "endToEndUs", self._e2e_us)
-        self._runtime.bind_metrics(group)
-        if self._breaker is not None:
-            bind_breaker_metrics(group, self._breaker)
-        if self._affinity is not None:
-            self._affinity.bind_metrics(group)
+        """Take the lease, acquire the worker's model and register the metrics.
 
-    def _count_reader(self, name: str) -> Callable[[], int]:
-        return lambda: self._counts[name]
+        Raises:
+            ModelError: The model cannot be loaded.
+            AffinityError: ``affinity`` is set and no lease could be taken or applied.
+        """
+        self._shell.open(runtime_context)
 
     async def async_invoke(self, value: IN) -> list[OUT]:
-        if self._runtime is None:
-            raise InferenceError("BatchedInferenceFunction used before open()")
+        """One input → one output (or its dead letter).
+
+        Raises:
+            OperatorNotOpenError: Called before ``open()``.
+            CircuitOpenError: The breaker opened.
+        """
+        shell = self._shell
+        runtime = shell.require("BatchedInferenceFunction.async_invoke")
         start = time.perf_counter()
-        self._counts["recordsIn"] += 1
+        shell.counts["recordsIn"] += 1
         try:
             record = value if self._prepare is None else self._prepare(value)
             example = self._extract(record)
             serde = time.perf_counter() - start
         except Exception as exc:
-            if self._dead_letter is None:
-                raise
-            return [self._dead(value, exc)]
+            return self._dead_or_raise(value, exc)
         try:
-            inferred = await self._runtime.infer(example)
+            inferred = await runtime.infer(example)
         except Exception as exc:
-            self._judge(exc)
-            if self._dead_letter is None:
-                raise
-            return [self._dead(value, exc)]
-        self._judge(None)
+            shell.judge(exc)
+            return self._dead_or_raise(value, exc)
+        shell.judge(None)
         try:
             emitted = time.perf_counter()
             out = self._emit(record, inferred.prediction, inferred.model_version)
         except Exception as exc:
-            if self._dead_letter is None:
-                raise
-            return [self._dead(value, exc)]
+            return self._dead_or_raise(value, exc)
         end = time.perf_counter()
-        self._serde_us.add((serde + end - emitted) * 1e6)
-        self._e2e_us.add((end - start) * 1e6)
-        self._counts["recordsOut"] += 1
+        shell.windows["serializationUs"].add((serde + end - emitted) * 1e6)
+        shell.windows["endToEndUs"].add((end - start) * 1e6)
+        shell.counts["recordsOut"] += 1
         return [out]
 
     def timeout(self, value: IN) -> list[OUT]:
         """A record waited longer than the operator's timeout: dead-letter it
         (reason ``inference_timeout``) when a dead-letter function is set."""
         error = InferenceTimeoutError("the record waited longer than the async operator's timeout")
-        self._judge(error)
+        self._shell.judge(error)
         if self._dead_letter is None:
             return super().timeout(value)
         return [self._dead(value, error)]
 
-    def _judge(self, error: BaseException | None) -> None:
-        """Count one inference outcome in the breaker (raises CircuitOpenError when it opens)."""
-        if self._breaker is not None:
-            self._breaker.record(error is not None, error)
+    def _dead_or_raise(self, value: IN, error: Exception) -> list[OUT]:
+        """The input's dead letter; without a dead-letter function the error fails the job."""
+        if self._dead_letter is None:
+            raise error
+        return [self._dead(value, error)]
 
     def _dead(self, value: IN, error: BaseException) -> OUT:
         assert self._dead_letter is not None
-        self._counts["deadLetters"] += 1
+        self._shell.counts["deadLetters"] += 1
         return self._dead_letter(value, error)
 
     def close(self) -> None:
-        if self._runtime is not None:
-            self._runtime.release()
-            self._runtime = None
-        if self._affinity is not None:
-            self._affinity.close()
-            self._affinity = None
+        """Release the worker's model (freed when its last user closes), then the affinity lease."""
+        self._shell.close()

@@ -6,7 +6,10 @@ The job graph of every packaged inference job, built from
 * source: a Kafka table of raw values with ``topic``/``partition``/``offset``
   metadata (:class:`~pyflink_aisp.kafka.KafkaSourceTable`), bounded at the
   latest offsets in BATCH mode;
-* decode + inference, one Python operator: ``--operator arrow`` (default) is
+* decode + inference, one Python operator, for any
+  :class:`~pyflink_aisp.inference.ModelHandler` that declares its
+  :meth:`~pyflink_aisp.inference.ModelHandler.task` (the output fields each
+  record's JSON carries between ``id`` and ``model_sha256``): ``--operator arrow`` (default) is
   ``Table.map`` with :class:`~pyflink_aisp.pipeline._arrow_op.ArrowInferenceFunction`
   (Arrow batches end to end); ``--operator async`` is PyFlink's
   ``AsyncDataStream`` with
@@ -29,11 +32,11 @@ from pyflink.datastream import (
     RuntimeExecutionMode,
     StreamExecutionEnvironment,
 )
-from pyflink.table import DataTypes, StreamTableEnvironment, Table, TableResult
+from pyflink.table import DataTypes, StatementSet, StreamTableEnvironment, Table, TableResult
 from pyflink.table.expressions import col, lit, map_
 
-from pyflink_aisp.errors import ConfigError, KafkaError
-from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.errors import ConfigError, DecodeError, KafkaError
+from pyflink_aisp.inference import ModelHandler, Task, check_task, render_prediction
 from pyflink_aisp.jars import connector_jars
 from pyflink_aisp.kafka import (
     JOB_HEADER,
@@ -43,11 +46,11 @@ from pyflink_aisp.kafka import (
     StartupMode,
     check_transaction_timeout,
     create_topics,
+    decode_record,
     list_topics,
     sink_record_limit,
 )
-from pyflink_aisp.kafka.flink import UndecodableRecord, decode_row
-from pyflink_aisp.outcome import MIN_RECORD_BYTES, DeadLettered, render_dead_letter, render_scored
+from pyflink_aisp.outcome import MIN_RECORD_BYTES, DeadLettered, render_dead_letter
 from pyflink_aisp.pipeline._arrow_op import ArrowInferenceFunction, arrow_inference_udf
 from pyflink_aisp.pipeline._async_op import BatchedInferenceFunction
 from pyflink_aisp.pipeline._config import PipelineOptions
@@ -63,7 +66,7 @@ from pyflink_aisp.pipeline._preflight import (
 )
 from pyflink_aisp.pipeline._settings import flink_settings
 
-__all__ = ["SCORED_TYPE", "build_pipeline", "make_environment"]
+__all__ = ["SCORED_TYPE", "build_pipeline", "make_environment", "pipeline_statements"]
 
 
 #: Output of the async inference step: Kafka key and value, and whether it is a dead letter.
@@ -128,12 +131,15 @@ def build_pipeline(
     *,
     plan: InputPlan | None = None,
 ) -> TableResult:
-    """Declare the Kafka tables, build the job graph and submit it.
+    """Declare the Kafka tables, build the job graph and submit it
+    (:func:`pipeline_statements`, then ``execute()``).
 
     Args:
         t_env: From :func:`make_environment` (or any table environment set up alike).
         options: Topics, mode, operator, batching, model.
-        handler: Replaces the handler the options name (a user's own handler).
+        handler: Replaces the handler the options name: any
+            :class:`~pyflink_aisp.inference.ModelHandler` whose ``task()`` declares
+            its output fields (a user's own handler; pickled into the job graph).
         plan: Where the source starts and stops (default: :func:`plan_input` of
             ``options`` now); pass the one a manifest will record.
 
@@ -142,13 +148,29 @@ def build_pipeline(
         ``.get_job_client().cancel()`` to stop a streaming one).
 
     Raises:
-        ConfigError: A range bound that does not fit the topic
+        ConfigError: A handler without a task, or a range bound that does not fit the topic
             (:func:`~pyflink_aisp.alignment.resolve_range`).
         KafkaError: The broker is unreachable or the input topic does not exist.
         ModelError: The model assets cannot be found or built.
     """
+    return pipeline_statements(t_env, options, handler, plan=plan).execute()
+
+
+def pipeline_statements(
+    t_env: StreamTableEnvironment,
+    options: PipelineOptions,
+    handler: ModelHandler[Any, Any, Any] | None = None,
+    *,
+    plan: InputPlan | None = None,
+) -> StatementSet:
+    """The job graph of :func:`build_pipeline`, not submitted: one ``INSERT`` per sink in a
+    ``StatementSet`` (``explain()`` shows the plan). Creates the output and DLQ topics.
+
+    Args and Raises: as :func:`build_pipeline`.
+    """
     servers = options.servers
     handler = handler or handler_for(options)
+    task = check_task(handler.task(with_embedding=options.with_embedding))  # before any topic is made
     if options.input_topic not in list_topics(servers):
         raise KafkaError(f"input topic {options.input_topic} does not exist on {servers}")
     for info in create_topics(servers, [options.output_topic, options.dlq]):
@@ -165,7 +187,7 @@ def build_pipeline(
                           f"max.message.bytes to at least {MIN_RECORD_BYTES + 1024}")
     check_transaction_timeout(servers, options.transaction_timeout_ms)
     plan = plan or plan_input(options)
-    scored = _scored_table(t_env, options, servers, handler, limit, plan)
+    scored = _scored_table(t_env, options, servers, handler, task, limit, plan)
     prefix = options.transactional_prefix
     statements = t_env.create_statement_set()
     for name, topic, kind, dead in (("scores_out", options.output_topic, "scores", False),
@@ -179,12 +201,12 @@ def build_pipeline(
                        lit(JOB_HEADER), lit(options.name).cast(DataTypes.BYTES()))
         rows = scored.where(col("dead") == lit(dead)).select(col("key"), col("value"), lineage)
         statements.add_insert(name, rows)
-    return statements.execute()
+    return statements
 
 
 def _scored_table(
     t_env: StreamTableEnvironment, options: PipelineOptions, servers: str,
-    handler: ModelHandler[Any, Any, Any], max_record_bytes: int, plan: InputPlan,
+    handler: ModelHandler[Any, Any, Any], task: Task, max_record_bytes: int, plan: InputPlan,
 ) -> Table:
     """Source → decode + inference: a table ``(key, value, dead, source)``."""
     startup = options.effective_startup_mode
@@ -203,13 +225,34 @@ def _scored_table(
         return raw.map(arrow_inference_udf(function)).alias("key", "value", "dead", "source")
     scorer = BatchedInferenceFunction(
         handler, batching=options.batching(), prepare=decode_row, extract=_text,
-        emit=_async_output(options.with_embedding, max_record_bytes),
+        emit=_async_output(task, max_record_bytes),
         dead_letter=_async_dead_letter(max_record_bytes), swap=options.swap(), breaker=options.breaker(),
         affinity=options.affinity())
     wait = AsyncDataStream.ordered_wait if options.ordered else AsyncDataStream.unordered_wait
     stream = wait(t_env.to_data_stream(raw), scorer, Time.seconds(options.timeout_s), options.capacity,
                   SCORED_TYPE).name("decode+tokenize+infer")
     return t_env.from_data_stream(stream)
+
+
+class UndecodableRecord(DecodeError):
+    """Raised by :func:`decode_row`; ``letter`` is the record's dead letter."""
+
+    def __init__(self, letter: DeadLettered) -> None:
+        super().__init__(str(letter.reason), letter.detail)
+        self.letter = letter
+
+
+def decode_row(value: Row) -> Row:
+    """Decode a raw Kafka row ``(value BYTES, topic, partition, offset)`` into a row
+    ``(id, text, topic, partition, offset)``.
+
+    Raises:
+        UndecodableRecord: The record is not a review; its ``letter`` says why.
+    """
+    result = decode_record(value[0], value[1], value[2], value[3])
+    if isinstance(result, DeadLettered):
+        raise UndecodableRecord(result)
+    return Row(id=result.id, text=result.text, topic=value[1], partition=value[2], offset=value[3])
 
 
 def _source(topic: Any, partition: Any, offset: Any) -> str:
@@ -220,10 +263,9 @@ def _text(record: Row) -> str:
     return str(record[1])
 
 
-def _async_output(with_embedding: bool, max_record_bytes: int) -> Any:
+def _async_output(task: Task, max_record_bytes: int) -> Any:
     def emit(record: Row, prediction: Any, version: str) -> Row:
-        value = render_scored(record[0], prediction, version, with_embedding=with_embedding,
-                              max_record_bytes=max_record_bytes)
+        value = render_prediction(task, record[0], prediction, version, max_record_bytes=max_record_bytes)
         return Row(key=record[0], value=value, dead=False, source=_source(record[2], record[3], record[4]))
 
     return emit
@@ -235,7 +277,7 @@ def _async_dead_letter(max_record_bytes: int) -> Any:
         dead letter, or the dead letter of its failed, timed-out or oversized inference."""
         source = _source(raw[1], raw[2], raw[3])
         if isinstance(error, UndecodableRecord):
-            key, value = render_dead_letter(error.letter.outcome(), max_record_bytes)
+            key, value = render_dead_letter(error.letter, max_record_bytes)
             return Row(key=key, value=value, dead=True, source=source)
         record = decode_row(raw)  # it decoded before, or inference would not have run
         letter = DeadLettered.of_error(error, id=record[0], topic=record[2], partition=record[3],

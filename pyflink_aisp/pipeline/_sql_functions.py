@@ -14,7 +14,12 @@ reason STRING, detail STRING>``:
 
 Both acquire the model in ``open()`` (one model and one batcher per Python
 worker, shared with every other operator of the worker that asks for the same
-handler and batching) and release it in ``close()``.
+handler and batching) and release it in ``close()``: the worker lifecycle of
+:class:`~pyflink_aisp.pipeline._shell.OperatorShell`, like the Kafka operators.
+Their row's fields before ``model_sha256`` are the declared fields of
+:class:`~pyflink_aisp.inference.SentimentTask` (``score DOUBLE, label STRING``);
+``open()`` refuses a handler (e.g. an encoder named by ``aisp.encoder.*``) whose
+task declares other fields.
 
 Row outcomes (the same for both functions, so switching them changes nothing):
 
@@ -63,32 +68,61 @@ from pyflink.common import Row
 from pyflink.table import DataTypes
 from pyflink.table.udf import AsyncScalarFunction, FunctionContext, ScalarFunction
 
-from pyflink_aisp.affinity import WorkerAffinity, open_affinity
-from pyflink_aisp.inference import FailureRateBreaker, Inferred, ModelRuntime
-from pyflink_aisp.inference.metrics import Window, bind_breaker_metrics, register_window
+from pyflink_aisp.errors import ConfigError, InferenceError
+from pyflink_aisp.inference import (
+    Inferred,
+    ModelHandler,
+    ModelRuntime,
+    OutputField,
+    SentimentTask,
+    SqlType,
+    Task,
+    render_fields,
+)
 from pyflink_aisp.outcome import MAX_DETAIL_CHARS, reason_of, sentiment_label
 from pyflink_aisp.pipeline._config import InferenceOptions
 from pyflink_aisp.pipeline._handlers import handler_for
+from pyflink_aisp.pipeline._shell import OperatorShell, WorkerSpec
 
 __all__ = [
     "SENTIMENT_RESULT_TYPE",
     "AsyncSentimentFunction",
     "PandasSentimentFunction",
+    "result_row_type",
     "sentiment_label",
+    "sql_data_type",
 ]
 
 _log = logging.getLogger(__name__)
 
-#: The result type of both functions.
-SENTIMENT_RESULT_TYPE = DataTypes.ROW(
-    [
-        DataTypes.FIELD("score", DataTypes.DOUBLE()),
-        DataTypes.FIELD("label", DataTypes.STRING()),
-        DataTypes.FIELD("model_sha256", DataTypes.STRING()),
-        DataTypes.FIELD("reason", DataTypes.STRING()),
-        DataTypes.FIELD("detail", DataTypes.STRING()),
-    ]
-)
+_DATA_TYPES: dict[SqlType, Callable[[], Any]] = {
+    SqlType.STRING: DataTypes.STRING,
+    SqlType.DOUBLE: DataTypes.DOUBLE,
+    SqlType.BIGINT: DataTypes.BIGINT,
+    SqlType.BOOLEAN: DataTypes.BOOLEAN,
+    SqlType.ARRAY_FLOAT: lambda: DataTypes.ARRAY(DataTypes.FLOAT()),
+    SqlType.ARRAY_DOUBLE: lambda: DataTypes.ARRAY(DataTypes.DOUBLE()),
+}
+#: The fields a function's row adds after the task's: who scored it, or why not.
+_TRAILER = ("model_sha256", "reason", "detail")
+
+
+def sql_data_type(field: OutputField) -> Any:
+    """The PyFlink ``DataType`` of a declared output field."""
+    return _DATA_TYPES[field.sql_type]()
+
+
+def result_row_type(task: Task) -> Any:
+    """``ROW<task fields..., model_sha256 STRING, reason STRING, detail STRING>``: the
+    result type of a SQL function serving ``task``."""
+    fields = [DataTypes.FIELD(f.name, sql_data_type(f)) for f in task.fields]
+    return DataTypes.ROW(fields + [DataTypes.FIELD(name, DataTypes.STRING()) for name in _TRAILER])
+
+
+#: What both functions serve: the sentiment task without the embedding.
+_TASK = SentimentTask()
+#: The result type of both functions: ``ROW<score DOUBLE, label STRING, model_sha256, reason, detail>``.
+SENTIMENT_RESULT_TYPE = result_row_type(_TASK)
 
 _STATS_INTERVAL_S = 0.1
 
@@ -119,22 +153,16 @@ def _snapshot_async_scalar_inputs() -> None:
 _snapshot_async_scalar_inputs()
 
 
-def _metric_group(context: FunctionContext) -> Any:
-    """The function's metric group, or None when ``python.metric.enabled`` is false."""
-    try:
-        return context.get_metric_group()
-    except RuntimeError:  # PyFlink: "Metric has not been enabled"
-        return None
-
-
 def _job_parameters(context: FunctionContext) -> Callable[[str, str], str]:
     return context.get_job_parameter  # type: ignore[no-any-return]
 
 
-class _SharedModel:
-    """The part both functions share: config, runtime, per-operator metrics, stats file.
+class _SharedModel(OperatorShell):
+    """The part both functions share: the worker lifecycle (:class:`OperatorShell`) with
+    its config from the job parameters, and the stats file.
 
-    Picklable before :meth:`open` (PyFlink ships the function to the worker).
+    Picklable before :meth:`open` (PyFlink ships the function to the worker): only
+    ``defaults`` crosses.
 
     Metrics (operator metric group ``aisp``): per operator ``recordsIn``,
     ``recordsOut`` (rows scored), ``nullInputs``, ``deadLetters`` (rows with an
@@ -144,12 +172,9 @@ class _SharedModel:
     """
 
     def __init__(self, defaults: InferenceOptions | None) -> None:
+        super().__init__(counters=("recordsIn", "recordsOut", "nullInputs", "deadLetters"),
+                         windows=("endToEndUs",))
         self.defaults = defaults
-        self.runtime: ModelRuntime | None = None
-        self.breaker: FailureRateBreaker | None = None
-        self.affinity: WorkerAffinity | None = None
-        self.counts = {"recordsIn": 0, "recordsOut": 0, "nullInputs": 0, "deadLetters": 0}
-        self.e2e_us = Window()
         self._stats_path: Path | None = None
         self._stop = threading.Event()
         self._writer: threading.Thread | None = None
@@ -160,49 +185,41 @@ class _SharedModel:
     def __setstate__(self, state: Mapping[str, Any]) -> None:
         self.__init__(state["defaults"])  # type: ignore[misc]
 
-    def open(self, context: FunctionContext) -> None:
+    @property
+    def e2e_us(self) -> Any:
+        """The ``endToEndUs`` window."""
+        return self.windows["endToEndUs"]
+
+    def open(self, context: Any, spec: WorkerSpec | None = None) -> ModelRuntime:
+        """Read the job parameters, then lease, model, breaker and metrics; start the stats writer.
+
+        Raises:
+            ConfigError: A job parameter is invalid, or the handler's task is not the sentiment one.
+            ModelError: The model cannot be loaded.
+        """
         config = InferenceOptions.from_job_parameters(_job_parameters(context), base=self.defaults)
-        self.affinity = open_affinity(config.affinity(), context)  # before the model (and CUDA) starts
-        self.runtime = ModelRuntime.acquire(handler_for(config), config.batching(), swap=config.swap())
-        breaker = config.breaker()
-        self.breaker = None if breaker is None else FailureRateBreaker(breaker)
-        group = _metric_group(context)
-        if group is not None:
-            group = group.add_group("aisp")
-            for name in self.counts:
-                group.gauge(name, self._count_reader(name))
-            register_window(group, "endToEndUs", self.e2e_us)
-            self.runtime.bind_metrics(group)
-            if self.breaker is not None:
-                bind_breaker_metrics(group, self.breaker)
-            if self.affinity is not None:
-                self.affinity.bind_metrics(group)
+        handler = handler_for(config)
+        _check_sentiment_task(handler)
+        runtime = super().open(context, spec or WorkerSpec(
+            handler=handler, batching=config.batching(), swap=config.swap(), breaker=config.breaker(),
+            affinity=config.affinity()))
         if config.stats_dir is not None:
             config.stats_dir.mkdir(parents=True, exist_ok=True)
             self._stats_path = config.stats_dir / f"aisp-stats-{os.getpid()}.json"
             self._stop.clear()
             self._writer = threading.Thread(target=self._write_loop, name="aisp-stats", daemon=True)
             self._writer.start()
-
-    def _count_reader(self, name: str) -> Callable[[], int]:
-        return lambda: self.counts[name]
-
-    def version(self) -> str | None:
-        """The version the runtime serves now (for rows that got no result)."""
-        return None if self.runtime is None else self.runtime.model_version
+        return runtime
 
     def close(self) -> None:
+        """Stop the stats writer, write the stats once more, release model and lease."""
         self._stop.set()
         if self._writer is not None:
             self._writer.join(timeout=5)
             self._writer = None
         if self.runtime is not None:
             self._write_stats()
-            self.runtime.release()
-            self.runtime = None
-        if self.affinity is not None:
-            self.affinity.close()
-            self.affinity = None
+        super().close()
 
     def _write_loop(self) -> None:
         """Rewrite the stats file while its counts change: ``close()`` is not sure to
@@ -229,17 +246,45 @@ class _SharedModel:
         return snapshot
 
 
-def _scored(inferred: Inferred) -> tuple[float, str, str, None, None]:
-    score = float(inferred.prediction[0])
-    return score, sentiment_label(score), inferred.model_version, None, None
+def _check_sentiment_task(handler: ModelHandler[Any, Any, Any]) -> None:
+    """Refuse a handler whose task's fields are not the functions' row fields.
+
+    Raises:
+        ConfigError: Other fields, or no task declared.
+    """
+    fields = handler.task().fields
+    if fields != _TASK.fields:
+        raise ConfigError(f"the sentiment SQL functions return {[f.name for f in _TASK.fields]}, but "
+                          f"{type(handler).__name__} declares {[f.name for f in fields]}: "
+                          "use a sentiment model (not aisp.encoder.*)")
 
 
-def _failed(error: BaseException, version: str | None) -> tuple[None, None, str | None, str, str]:
-    return None, None, version, reason_of(error).value, f"{type(error).__name__}: {error}"[:MAX_DETAIL_CHARS]
+def _scored(inferred: Inferred) -> tuple[Any, ...]:
+    """The row of a scored text (:class:`~pyflink_aisp.errors.InferenceError` when the
+    task cannot render its prediction)."""
+    rendered = render_fields(_TASK, inferred.prediction)
+    return (*(rendered[f.name] for f in _TASK.fields), inferred.model_version, None, None)
 
 
-_NULL = (None, None, None, None, None)
-_COLUMNS = ["score", "label", "model_sha256", "reason", "detail"]
+def _failed(error: BaseException, version: str | None) -> tuple[Any, ...]:
+    blank = (None,) * len(_TASK.fields)
+    return (*blank, version, reason_of(error).value, f"{type(error).__name__}: {error}"[:MAX_DETAIL_CHARS])
+
+
+def _row_of(
+    outcome: Inferred | BaseException, version: str | None
+) -> tuple[tuple[Any, ...], BaseException | None]:
+    """``(row, None)`` of a scored text, or ``(failed row, error)``."""
+    if not isinstance(outcome, BaseException):
+        try:
+            return _scored(outcome), None
+        except InferenceError as exc:
+            outcome = exc
+    return _failed(outcome, version), outcome
+
+
+_COLUMNS = [*(f.name for f in _TASK.fields), *_TRAILER]
+_NULL = (None,) * len(_COLUMNS)
 
 
 class AsyncSentimentFunction(AsyncScalarFunction):  # type: ignore[misc]
@@ -272,23 +317,19 @@ class AsyncSentimentFunction(AsyncScalarFunction):  # type: ignore[misc]
     async def eval(self, text: Any) -> Row:
         """One row's outcome (see the module docstring); never raises for a row."""
         shared = self._shared
-        if shared.runtime is None:
-            raise RuntimeError("AsyncSentimentFunction.eval called before open()")
+        runtime = shared.require("AsyncSentimentFunction.eval")
         start = time.perf_counter()
         shared.counts["recordsIn"] += 1
         if text is None:
             shared.counts["nullInputs"] += 1
             return Row(*_NULL)
         try:
-            values: tuple[Any, ...] = _scored(await shared.runtime.infer(text))
-            shared.counts["recordsOut"] += 1
-            error: BaseException | None = None
+            outcome: Inferred | BaseException = await runtime.infer(text)
         except Exception as exc:
-            values = _failed(exc, shared.version())
-            shared.counts["deadLetters"] += 1
-            error = exc
-        if shared.breaker is not None:  # CircuitOpenError fails the job: Flink restarts it
-            shared.breaker.record(error is not None, error)
+            outcome = exc
+        values, error = _row_of(outcome, shared.version())
+        shared.counts["deadLetters" if error is not None else "recordsOut"] += 1
+        shared.judge(error)  # CircuitOpenError fails the job: Flink restarts it
         shared.e2e_us.add((time.perf_counter() - start) * 1e6)
         return Row(*values)
 
@@ -322,28 +363,28 @@ class PandasSentimentFunction(ScalarFunction):  # type: ignore[misc]
         import pandas as pd
 
         shared = self._shared
-        if shared.runtime is None:
-            raise RuntimeError("PandasSentimentFunction.eval called before open()")
+        runtime = shared.require("PandasSentimentFunction.eval")
         start = time.perf_counter()
         values = texts.tolist()
         rows: list[tuple[Any, ...]] = [_NULL] * len(values)
         positions = [i for i, v in enumerate(values) if v is not None]
-        outcomes = _infer_many(shared.runtime, [values[i] for i in positions])
+        outcomes = _infer_many(runtime, [values[i] for i in positions])
+        errors = []
         for i, outcome in zip(positions, outcomes, strict=True):
-            rows[i] = (
-                _failed(outcome, shared.version()) if isinstance(outcome, BaseException) else _scored(outcome)
-            )
-        failed = sum(isinstance(o, BaseException) for o in outcomes)
+            rows[i], error = _row_of(outcome, shared.version())
+            if error is not None:
+                errors.append(error)
         shared.counts["recordsIn"] += len(values)
         shared.counts["nullInputs"] += len(values) - len(positions)
-        shared.counts["recordsOut"] += len(positions) - failed
-        shared.counts["deadLetters"] += failed
+        shared.counts["recordsOut"] += len(positions) - len(errors)
+        shared.counts["deadLetters"] += len(errors)
         shared.e2e_us.add((time.perf_counter() - start) * 1e6)
-        if shared.breaker is not None:  # CircuitOpenError fails the job: Flink restarts it
-            last = next((o for o in reversed(outcomes) if isinstance(o, BaseException)), None)
-            shared.breaker.record_many(failed, len(outcomes), last)
+        # CircuitOpenError fails the job: Flink restarts it
+        shared.judge_many(len(errors), len(outcomes), errors[-1] if errors else None)
         frame = pd.DataFrame(rows, columns=_COLUMNS, dtype=object)
-        frame["score"] = frame["score"].astype("float64")
+        for field in _TASK.fields:
+            if field.sql_type is SqlType.DOUBLE:
+                frame[field.name] = frame[field.name].astype("float64")
         return frame
 
     def close(self) -> None:

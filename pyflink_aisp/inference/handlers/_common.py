@@ -34,6 +34,7 @@ import numpy.typing as npt
 from pyflink_aisp.checksums import sha256_file
 from pyflink_aisp.errors import ChecksumError, ConfigError, ModelError, TokenizeError
 from pyflink_aisp.inference._handler import ModelHandler, Prepared
+from pyflink_aisp.inference._task import EmbeddingTask
 from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizedBatch
 
 __all__ = [
@@ -236,6 +237,10 @@ class TextEncoderHandler(ModelHandler[str, Embedding, EncoderT]):
             raise error
         self._version = actual
         return actual
+
+    def task(self, *, with_embedding: bool = False) -> EmbeddingTask:
+        """The ``embedding`` (the output itself: ``with_embedding`` adds nothing)."""
+        return EmbeddingTask()
 
     def model_version(self) -> str:
         """sha256 over the model files, ``tokenizer.json`` and output-changing options.

@@ -13,6 +13,7 @@ import numpy.typing as npt
 from pyflink_aisp.checksums import verify_sha256
 from pyflink_aisp.errors import ModelError
 from pyflink_aisp.inference._handler import ModelHandler, Prepared
+from pyflink_aisp.inference._task import SentimentTask
 from pyflink_aisp.inference.handlers._onnx import (
     ExecutionProvider,
     OnnxSentimentModel,
@@ -34,12 +35,17 @@ SentimentPrediction = tuple[float, npt.NDArray[np.float32]]
 
 
 class TokenizedTextsMixin:
-    """The batch-path hooks of the sentiment handlers (ONNX and PyTorch): one
+    """What the sentiment handlers (ONNX and PyTorch) share: their task
+    (:class:`~pyflink_aisp.inference.SentimentTask`) and the batch-path hooks, one
     tokenizer call per submitted batch, one model call per model batch.
 
     The model must offer ``encode(texts) -> TokenizedBatch`` and
     ``predict_rows(tokens, rows) -> (scores (k,), embeddings (k, dim))``.
     """
+
+    def task(self, *, with_embedding: bool = False) -> SentimentTask:
+        """``score``, ``label`` (and the ``embedding`` with ``with_embedding``)."""
+        return SentimentTask(with_embedding=with_embedding)
 
     def prepare_batch(self, batch: Sequence[str], model: Any) -> Prepared:
         """Tokenize the whole batch once; lengths are token counts after truncation.

@@ -18,28 +18,16 @@ link targets, heading and list numbering, and digits glued to letters (``p99``, 
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+import aisp_docs_gen_pages as gen
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
 
-
-def _gen():
-    spec = importlib.util.spec_from_file_location("aisp_docs_gen_pages", DOCS / "gen_pages.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _gen()
 
 #: A number as prose writes it: thousands separators, a decimal part, an exponent.
 _END = r"(?=x\b|[^\w]|$)"  # a ratio's "x" (0.96x) is no name

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
+import aisp_docs_gen_pages as gen
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
 
-
-def load_gen_pages() -> ModuleType:
-    """docs/gen_pages.py as a module (docs/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("aisp_docs_gen_pages", DOCS / "gen_pages.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = load_gen_pages()
 
 
 def test_options_page_holds_the_generated_options_table():

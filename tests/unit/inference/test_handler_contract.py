@@ -77,7 +77,7 @@ def test_example_lexicon_handler_keeps_the_contract(lexicon_module: ModuleType, 
     assert report.model_version == sha256 and report.device == "cpu"
     assert report.max_abs_diff == 0.0  # pure Python: batching changes nothing
     model = handler.load_model()
-    scores = np.array(handler.run_inference([r.text for r in heldout], model))
+    scores = np.array([p.score for p in handler.run_inference([r.text for r in heldout], model)])
     labels = np.array([r.label for r in heldout])
     assert float(((scores >= 0.5) == (labels == 1)).mean()) > 0.75  # measured 0.787
 

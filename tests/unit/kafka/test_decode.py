@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from pyflink_aisp.kafka import DeadLetter, DecodedRecord, KafkaCoordinates, decode_review
+from pyflink_aisp.kafka import DecodedRecord, KafkaCoordinates, decode_review
 from pyflink_aisp.kafka._decode import MAX_DEAD_LETTER_VALUE_BYTES
-from pyflink_aisp.outcome import Reason
+from pyflink_aisp.outcome import DeadLettered, Reason
 
 SRC = KafkaCoordinates(topic="reviews", partition=2, offset=41)
 
@@ -51,9 +51,9 @@ def test_non_ascii_text_survives():
 )
 def test_bad_records_become_dead_letters_with_reason(value, reason):
     out = decode_review(value, SRC)
-    assert isinstance(out, DeadLetter)
+    assert isinstance(out, DeadLettered)
     assert out.reason is reason
-    assert out.source == SRC
+    assert (out.id, out.topic, out.partition, out.offset) == (None, SRC.topic, SRC.partition, SRC.offset)
     assert out.value == value
 
 
@@ -77,7 +77,8 @@ def test_dead_letter_of_a_huge_value_stays_under_one_mebibyte():
 
 
 def test_dead_letter_json_is_ascii_even_for_odd_details():
-    letter = DeadLetter(reason=Reason.DECODE_ERROR, detail="bad \ud800 thing", source=SRC, value=b"v")
+    letter = DeadLettered(reason=Reason.DECODE_ERROR, detail="bad \ud800 thing", topic=SRC.topic,
+                          partition=SRC.partition, offset=SRC.offset, value=b"v")
     assert letter.to_json().isascii()
     assert json.loads(letter.to_json())["value_truncated"] is False
 
@@ -86,8 +87,8 @@ def test_a_str_value_becomes_a_decode_error_letter_not_an_exception():
     from pyflink_aisp.kafka import decode_record
 
     letter = decode_record("not bytes", "t", 0, 7)
-    assert isinstance(letter, DeadLetter) and letter.reason is Reason.DECODE_ERROR
-    assert letter.value == b"not bytes" and letter.source.offset == 7
+    assert isinstance(letter, DeadLettered) and letter.reason is Reason.DECODE_ERROR
+    assert letter.value == b"not bytes" and letter.offset == 7
 
 
 # -- RFC 8259 edge cases (issue 9.5): BOM accepted, non-JSON numbers and repeated names refused ----
@@ -101,7 +102,7 @@ def test_a_utf8_byte_order_mark_before_the_object_is_ignored(value):
 
 def test_only_one_byte_order_mark_is_ignored_and_a_bom_inside_the_text_is_kept():
     twice = decode_review(b'\xef\xbb\xbf\xef\xbb\xbf{"text": "x"}', SRC)
-    assert isinstance(twice, DeadLetter) and twice.reason is Reason.INVALID_JSON
+    assert isinstance(twice, DeadLettered) and twice.reason is Reason.INVALID_JSON
     inside = decode_review('{"text": "\ufeffx"}'.encode(), SRC)
     assert inside == DecodedRecord(id="reviews/2/41", text="\ufeffx")
 
@@ -115,7 +116,7 @@ def test_only_one_byte_order_mark_is_ignored_and_a_bom_inside_the_text_is_kept()
 ])
 def test_numbers_that_are_not_json_or_not_finite_are_invalid_json(value, detail):
     out = decode_review(value, SRC)
-    assert isinstance(out, DeadLetter)
+    assert isinstance(out, DeadLettered)
     assert (out.reason, out.detail, out.value) == (Reason.INVALID_JSON, detail, value)
 
 
@@ -132,7 +133,7 @@ def test_finite_floats_and_big_exponents_that_fit_still_decode():
 ])
 def test_a_name_repeated_in_any_object_is_a_duplicate_key(value, name):
     out = decode_review(value, SRC)
-    assert isinstance(out, DeadLetter)
+    assert isinstance(out, DeadLettered)
     assert out.reason is Reason.DUPLICATE_KEY
     assert out.detail == f"name {name!r} appears more than once in an object (RFC 8259 section 4)"
     assert json.loads(out.to_json())["reason"] == "duplicate_key"

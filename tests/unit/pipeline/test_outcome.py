@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pyflink_aisp.errors import DecodeError, InferenceError, InferenceTimeoutError, TokenizeError
+from pyflink_aisp.inference import EmbeddingTask, SentimentTask, Task, render_prediction
 from pyflink_aisp.outcome import (
     MAX_DEAD_LETTER_VALUE_BYTES,
     MAX_DETAIL_CHARS,
@@ -21,6 +22,13 @@ from pyflink_aisp.outcome import (
 )
 
 SHA = "c" * 64
+
+
+def _json(task: Task, record_id: str, prediction: object) -> str:
+    """The scored value as the operators write it: the task's fields, then ``scored_json``."""
+    rendered = task.render(prediction)
+    extra = {f.name: rendered[f.name] for f in task.fields if f.extra}
+    return scored_json(record_id, {k: v for k, v in rendered.items() if k not in extra}, SHA, extra=extra)
 KEYS = ["reason", "detail", "id", "topic", "partition", "offset", "value_base64", "value_size_bytes",
         "value_truncated"]
 
@@ -122,22 +130,27 @@ def test_sentiment_label_threshold() -> None:
 
 def test_scored_json_of_a_sentiment_prediction() -> None:
     embedding = np.array([0.25, -0.5, 1.0], dtype=np.float32)
-    plain = json.loads(scored_json("r1", (np.float32(0.75), embedding), SHA, with_embedding=False))
+    plain = json.loads(_json(SentimentTask(), "r1", (np.float32(0.75), embedding)))
     assert plain == {"id": "r1", "label": "fresh", "score": 0.75, "model_sha256": SHA}
     assert list(plain) == ["id", "label", "score", "model_sha256"]
-    rotten = json.loads(scored_json("r2", (0.125, embedding), SHA, with_embedding=False))
+    rotten = json.loads(_json(SentimentTask(), "r2", (0.125, embedding)))
     assert rotten["label"] == "rotten" and rotten["score"] == 0.125
-    full = json.loads(scored_json("r1", (0.75, embedding), SHA, with_embedding=True))
+    full = json.loads(_json(SentimentTask(with_embedding=True), "r1", (0.75, embedding)))
     assert full == {"id": "r1", "label": "fresh", "score": 0.75, "model_sha256": SHA,
                     "embedding": [0.25, -0.5, 1.0]}
+    assert list(full) == ["id", "label", "score", "model_sha256", "embedding"]
+    for task in (SentimentTask(), SentimentTask(with_embedding=True)):  # the bytes the job writes
+        assert render_prediction(task, "r1", (0.75, embedding), SHA, max_record_bytes=1 << 20) == _json(
+            task, "r1", (0.75, embedding))
 
 
 def test_scored_json_of_an_encoder_vector() -> None:
     vector = np.array([0.5, -0.25, 0.0, 2.0], dtype=np.float32)
-    for with_embedding in (False, True):
-        out = json.loads(scored_json("e1", vector, SHA, with_embedding=with_embedding))
-        assert out == {"id": "e1", "embedding": [0.5, -0.25, 0.0, 2.0], "model_sha256": SHA}
-        assert list(out) == ["id", "embedding", "model_sha256"]
+    task = EmbeddingTask()  # an encoder's output is its embedding: --with-embedding adds nothing
+    out = json.loads(value := _json(task, "e1", vector))
+    assert render_prediction(task, "e1", vector, SHA, max_record_bytes=1 << 20) == value
+    assert out == {"id": "e1", "embedding": [0.5, -0.25, 0.0, 2.0], "model_sha256": SHA}
+    assert list(out) == ["id", "embedding", "model_sha256"]
 
 
 def test_a_decode_error_with_a_reason_outside_the_enum_is_a_decode_error():
@@ -159,22 +172,20 @@ def test_render_scored_refuses_an_output_over_the_limit_by_its_utf8_size() -> No
     from pyflink_aisp.outcome import render_scored
 
     record_id = "中" * 117_000  # the issue's input: 351 KB as a key, 702 KB escaped in the value
-    value = scored_json(record_id, (0.75, np.zeros(3, np.float32)), SHA, with_embedding=False)
+    task, prediction = SentimentTask(), (0.75, np.zeros(3, np.float32))
+    value = _json(task, record_id, prediction)
     size = _size(record_id, value)
     assert size == 3 * 117_000 + len(value) and size > 1_048_576
     with pytest.raises(OversizedOutputError) as exc:
-        render_scored(record_id, (0.75, np.zeros(3, np.float32)), SHA, with_embedding=False,
-                      max_record_bytes=1_048_576 - 1024)
+        render_prediction(task, record_id, prediction, SHA, max_record_bytes=1_048_576 - 1024)
     assert (exc.value.size_bytes, exc.value.limit_bytes) == (size, 1_048_576 - 1024)
     assert reason_of(exc.value) is Reason.OVERSIZED_OUTPUT
     # exactly at the limit it is written; one byte less and it is not
-    small = render_scored("r1", (0.75, np.zeros(3, np.float32)), SHA, with_embedding=False,
-                          max_record_bytes=_size("r1", value_of_r1 := scored_json(
-                              "r1", (0.75, np.zeros(3, np.float32)), SHA, with_embedding=False)))
+    small = render_prediction(task, "r1", prediction, SHA,
+                              max_record_bytes=_size("r1", value_of_r1 := _json(task, "r1", prediction)))
     assert small == value_of_r1
     with pytest.raises(OversizedOutputError):
-        render_scored("r1", (0.75, np.zeros(3, np.float32)), SHA, with_embedding=False,
-                      max_record_bytes=_size("r1", value_of_r1) - 1)
+        render_scored("r1", task.render(prediction), SHA, max_record_bytes=_size("r1", value_of_r1) - 1)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
@@ -182,12 +193,15 @@ def test_render_scored_refuses_a_score_or_vector_that_is_not_finite(bad: float) 
     from pyflink_aisp.errors import InferenceError
     from pyflink_aisp.outcome import render_scored
 
-    for prediction in ((bad, np.zeros(3, np.float32)), np.array([0.5, bad], dtype=np.float32)):
+    for task, prediction in ((SentimentTask(), (bad, np.zeros(3, np.float32))),
+                             (EmbeddingTask(), np.array([0.5, bad], dtype=np.float32))):
         with pytest.raises(InferenceError, match="not finite"):
-            render_scored("r1", prediction, SHA, with_embedding=False, max_record_bytes=1 << 20)
+            render_prediction(task, "r1", prediction, SHA, max_record_bytes=1 << 20)
     with pytest.raises(InferenceError, match="not finite"):
-        render_scored("r1", (0.5, np.array([bad], np.float32)), SHA, with_embedding=True,
-                      max_record_bytes=1 << 20)
+        render_prediction(SentimentTask(with_embedding=True), "r1", (0.5, np.array([bad], np.float32)), SHA,
+                          max_record_bytes=1 << 20)
+    with pytest.raises(InferenceError, match="not finite"):
+        render_scored("r1", {"score": bad}, SHA, max_record_bytes=1 << 20)
 
 
 @pytest.mark.parametrize("limit", [32 * 1024, 100_000, 1_048_576 - 1024])

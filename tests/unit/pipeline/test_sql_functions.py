@@ -16,7 +16,14 @@ import pandas as pd
 import pytest
 
 from pyflink_aisp.errors import ConfigError, InferenceTimeoutError, TokenizeError
-from pyflink_aisp.inference import BatchingConfig, Inferred, ModelHandler, ModelRuntime, ModelSwapConfig
+from pyflink_aisp.inference import (
+    BatchingConfig,
+    Inferred,
+    ModelHandler,
+    ModelRuntime,
+    ModelSwapConfig,
+    SentimentTask,
+)
 from pyflink_aisp.inference.handlers import OnnxEncoderHandler, OnnxSentimentModel, Pooling, SentimentHandler
 from pyflink_aisp.pipeline import InferenceOptions, _handlers, _sql_functions, flink_settings, sql
 from pyflink_aisp.pipeline.sql import (
@@ -72,6 +79,9 @@ class _LengthHandler(ModelHandler[str, tuple[float, None], str]):
 
     def run_inference(self, batch, model):
         return [(len(x) / 100.0, None) for x in batch]
+
+    def task(self, *, with_embedding: bool = False) -> SentimentTask:
+        return SentimentTask(with_embedding=with_embedding)
 
 
 @pytest.fixture

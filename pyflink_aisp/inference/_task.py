@@ -1,0 +1,215 @@
+"""What a handler's predictions mean: its output fields, their SQL types, how one is rendered.
+
+A :class:`Task` is declared by the handler (:meth:`ModelHandler.task
+<pyflink_aisp.inference.ModelHandler.task>`) and read by everything that
+writes predictions: the Kafka operators render each prediction with
+:meth:`Task.render` into the fields of its JSON output (between ``id`` and
+``model_sha256``), SQL functions take their row type from :attr:`Task.fields`.
+No operator switches on the type of a prediction.
+
+Two tasks of the project's own handlers live here: :class:`SentimentTask`
+(``score``, ``label``, with ``--with-embedding`` also ``embedding``) and
+:class:`EmbeddingTask` (``embedding``). A user's handler declares its own by
+subclassing :class:`Task` (see ``jobs/examples/lexicon_handler.py``).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pyflink_aisp.errors import ConfigError, InferenceError
+from pyflink_aisp.outcome import render_scored, sentiment_label
+
+__all__ = [
+    "RESERVED_FIELDS",
+    "EmbeddingTask",
+    "OutputField",
+    "SentimentTask",
+    "SqlType",
+    "Task",
+    "check_task",
+    "render_fields",
+    "render_prediction",
+]
+
+#: Names the operators write themselves (``id``, ``model_sha256``) or that a SQL
+#: function's row adds (``reason``, ``detail``): no task may declare them.
+RESERVED_FIELDS = frozenset({"id", "model_sha256", "reason", "detail"})
+
+_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+class SqlType(enum.StrEnum):
+    """The Flink SQL type of an output field (its value in a rendered dict: the Python type after it)."""
+
+    STRING = "STRING"  #: str
+    DOUBLE = "DOUBLE"  #: float
+    BIGINT = "BIGINT"  #: int
+    BOOLEAN = "BOOLEAN"  #: bool
+    ARRAY_FLOAT = "ARRAY<FLOAT>"  #: list of float (float32 values)
+    ARRAY_DOUBLE = "ARRAY<DOUBLE>"  #: list of float
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputField:
+    """One field of a task's output.
+
+    Attributes:
+        name: Lower-case identifier (``[a-z_][a-z0-9_]*``), not one of :data:`RESERVED_FIELDS`.
+        sql_type: Its Flink SQL type.
+        extra: A field the job asked for beside the task's own (e.g. the sentiment
+            model's embedding with ``--with-embedding``); the JSON output writes the
+            extra fields after ``model_sha256``, the others before it.
+
+    Raises:
+        ConfigError: A bad or reserved name, or a ``sql_type`` that is not a :class:`SqlType`.
+    """
+
+    name: str
+    sql_type: SqlType
+    extra: bool = False
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.name) or self.name in RESERVED_FIELDS:
+            raise ConfigError(f"output field name must match [a-z_][a-z0-9_]* and not be one of "
+                              f"{sorted(RESERVED_FIELDS)}, got {self.name!r}")
+        if not isinstance(self.sql_type, SqlType):
+            raise ConfigError(f"sql_type of {self.name} must be a SqlType, got {self.sql_type!r}")
+
+
+class Task(abc.ABC):
+    """What one prediction of a handler becomes: named, typed, JSON-able fields.
+
+    A task is pickled into the job graph with the operator: keep it small (it is
+    config, e.g. a frozen dataclass) and importable on the workers.
+    Thread-safety: :meth:`render` may run on several threads at once.
+    """
+
+    @property
+    @abc.abstractmethod
+    def fields(self) -> tuple[OutputField, ...]:
+        """The output fields, in the order of a SQL row (at least one, names unique)."""
+
+    @abc.abstractmethod
+    def render(self, prediction: Any) -> Mapping[str, Any]:
+        """One prediction → a dict with exactly the names of :attr:`fields`.
+
+        Values are plain JSON-able Python values of each field's type (no numpy
+        scalars); the JSON output writes them in the dict's order. NaN or an
+        infinity is allowed here: the operator then dead-letters the record
+        (``inference_error``: JSON cannot carry it).
+
+        Raises:
+            Exception: The prediction is not of this task's shape (the operator
+                dead-letters the record as ``inference_error``).
+        """
+
+
+def check_task(task: Task) -> Task:
+    """``task`` when it is a :class:`Task` with at least one field and unique field names.
+
+    Raises:
+        ConfigError: Not a Task, no field, or a name twice.
+    """
+    if not isinstance(task, Task):
+        raise ConfigError(f"ModelHandler.task() must return a Task, got {type(task).__name__}")
+    names = [f.name for f in task.fields]
+    if not names or len(set(names)) != len(names):
+        raise ConfigError(f"{type(task).__name__} needs at least one output field and unique names, "
+                          f"got {names}")
+    return task
+
+
+def render_fields(task: Task, prediction: Any) -> Mapping[str, Any]:
+    """``task.render(prediction)``, checked to hold exactly the task's field names.
+
+    Raises:
+        InferenceError: The task cannot render the prediction (not of its shape) or
+            rendered other names: a model failure, reason ``inference_error``.
+    """
+    try:
+        rendered = task.render(prediction)
+        names = {f.name for f in task.fields}
+    except Exception as exc:
+        raise InferenceError(f"{type(task).__name__} cannot render the prediction: "
+                             f"{type(exc).__name__}: {exc}") from exc
+    if set(rendered) != names:
+        raise InferenceError(f"{type(task).__name__}.render gave the fields {sorted(rendered)}, "
+                             f"not its declared {sorted(names)}")
+    return rendered
+
+
+def render_prediction(
+    task: Task, record_id: str, prediction: Any, model_version: str, *, max_record_bytes: int
+) -> str:
+    """The Kafka output value of one scored record: ``{"id", <task fields>..., "model_sha256",
+    <extra fields>...}`` (:func:`~pyflink_aisp.outcome.render_scored`).
+
+    Args:
+        task: The handler's task.
+        record_id: The record's id (also its Kafka key).
+        prediction: What the handler returned for the record.
+        model_version: sha256 of the model that scored it.
+        max_record_bytes: Most UTF-8 bytes of key + value the sink can write.
+
+    Raises:
+        InferenceError: The task cannot render the prediction, or a value is NaN or
+            infinite (reason ``inference_error``).
+        OversizedOutputError: Key + value exceed ``max_record_bytes`` (``oversized_output``).
+    """
+    rendered = render_fields(task, prediction)
+    extra_names = [f.name for f in task.fields if f.extra]
+    if not extra_names:
+        return render_scored(record_id, rendered, model_version, max_record_bytes=max_record_bytes)
+    own = {k: v for k, v in rendered.items() if k not in extra_names}
+    extra = {k: rendered[k] for k in extra_names}
+    return render_scored(record_id, own, model_version, extra=extra, max_record_bytes=max_record_bytes)
+
+
+_SCORE = OutputField(name="score", sql_type=SqlType.DOUBLE)
+_LABEL = OutputField(name="label", sql_type=SqlType.STRING)
+_SENTIMENT_EMBEDDING = OutputField(name="embedding", sql_type=SqlType.ARRAY_DOUBLE, extra=True)
+_EMBEDDING = OutputField(name="embedding", sql_type=SqlType.ARRAY_FLOAT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SentimentTask(Task):
+    """Review sentiment: a ``(score, (dim,) float32 embedding)`` prediction, P(fresh) first.
+
+    Fields: ``score`` DOUBLE (P(fresh)), ``label`` STRING (``fresh`` when score >= 0.5,
+    else ``rotten``), and with ``with_embedding`` the extra ``embedding``
+    ARRAY<DOUBLE> (the L2-normalised sentence embedding). Rendered in the order
+    ``label, score(, embedding)``: the JSON of the packaged job.
+    """
+
+    with_embedding: bool = False
+
+    @property
+    def fields(self) -> tuple[OutputField, ...]:
+        return (_SCORE, _LABEL, _SENTIMENT_EMBEDDING) if self.with_embedding else (_SCORE, _LABEL)
+
+    def render(self, prediction: Any) -> dict[str, Any]:
+        score, embedding = prediction
+        out: dict[str, Any] = {"label": sentiment_label(score), "score": float(score)}
+        if self.with_embedding:
+            out["embedding"] = np.asarray(embedding, dtype=np.float64).tolist()
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbeddingTask(Task):
+    """A text encoder: a ``(dim,)`` float32 vector per text, field ``embedding`` ARRAY<FLOAT>."""
+
+    @property
+    def fields(self) -> tuple[OutputField, ...]:
+        return (_EMBEDDING,)
+
+    def render(self, prediction: Any) -> dict[str, Any]:
+        return {"embedding": np.asarray(prediction).tolist()}
