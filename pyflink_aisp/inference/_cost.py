@@ -2,13 +2,10 @@
 
 A model call on ``k`` rows padded to ``L`` tokens costs about ``a + b * k * L``
 seconds: a fixed part per call (kernel launches, thread-pool wake-ups, the
-framework's own work) and a part per padded token. Measured here on the MiniLM
-sentiment ONNX model, ONNX Runtime CPU provider, 2 intra-op threads, 2 cores,
-one ``session.run`` per batch: ``a`` = 1.8-2.3 ms, ``b`` = 0.060 ms per padded
-token, predicting every measured batch within 25 % for ``k`` in 1..32 and
-``L`` in 8..65 (long batches cost slightly more than linearly: the attention's
-``L**2`` term); fitted online through the handler, with its own work per call,
-``a`` = 1.6-4 ms, ``b`` = 0.05-0.06 ms (``bench/batch_cuts.py``).
+framework's own work) and a part per padded token (long batches cost slightly
+more than linearly: the attention's ``L**2`` term). The fit's measured accuracy
+and the choice of cuts are decision record 2
+(``docs/decisions/0002-cost-based-batch-cuts.md``, ``bench/batch_cuts.py``).
 
 Cutting a length-sorted run of rows into batches of a fixed size pads each
 batch to its longest row; with few rows of spread-out lengths (a trickle: a
@@ -23,17 +20,10 @@ the batcher's limits (rows per batch, padded-token budget, length buckets).
 :class:`BatchCostModel` fits ``a`` and ``b`` online (a robust line fit) over
 the last batches the model really ran (their padded tokens and compute time),
 so the same code cuts well on a CPU (large ``b``) and on a GPU (large ``a``).
-When the calls seen so far cannot place ``a`` above 0, no cost is given and
-chunks are cut fixed until smaller batches have run: measured on chunks of 64
-random reviews, whose batches are all 32 rows (704 to 2,048 padded tokens), the
-fitted intercept stayed at -0.2 to -0.9 ms over 16 to 80 calls (a long batch
-costs slightly more than linearly); trickles and the job's 1,024-record
-chunks also run short batches and were fitted in the runs above.
-
-Measured on the Kafka -> Kafka job (``bench/inference_bench.py --compare-cuts``,
-2 cores, 12,808 reviews, one run): 580 records/s against 538 with fixed cuts;
-p99 Kafka-in to Kafka-out at 30 % load with ``--latency-slo-ms 150``: 141 ms
-against 223 ms.
+When the calls seen so far cannot place ``a`` above 0 (all batches of one
+size: a long batch costs slightly more than linearly, so the fitted intercept
+can fall below 0), no cost is given and chunks are cut fixed until smaller
+batches have run.
 
 Pure and single-threaded (the batcher's thread owns one).
 """

@@ -39,9 +39,8 @@ class BatchingConfig:
     """Knobs of batch forming.
 
     The defaults are the packaged jobs' (the options table of
-    :mod:`pyflink_aisp.pipeline`): 32 records measured best on 2 CPU cores for
-    the MiniLM model (length-sorted batches of 32: 629 records/s over chunks of
-    1,024 reviews and 448/s over chunks of 40, against 579 and 324 at 64).
+    :mod:`pyflink_aisp.pipeline`): 32 records, measured best on 2 CPU cores for
+    the MiniLM model (decision record 4, the Arrow chunk path).
 
     Attributes:
         max_batch_size: Most records per model call (≥ 1).

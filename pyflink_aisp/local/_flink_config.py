@@ -345,11 +345,9 @@ def write_flink_lib_dir(config: FlinkClusterConfig) -> Path:
     class path and, with ``org.apache.beam.`` parent-first (:data:`PARENT_FIRST_PATTERNS`),
     loaded once per process instead of once per job. Loaded per job (the client ships the jar
     with every ``flink run -py``), its classes are not freed when the job ends (FLINK-15338,
-    apache/beam#25510): measured here on one TaskManager, each finished PyFlink job kept
-    42 MiB of metaspace and 8 MiB of direct memory; a full test run's jobs exhausted the
-    direct memory (``OutOfMemoryError: Cannot reserve ... bytes of direct buffer memory``),
-    the Python workers could no longer start and jobs failed. With the jar here: 11.8 MiB of
-    metaspace (still kept after a full GC) and no direct memory per job
+    apache/beam#25510): a full test run's jobs exhausted the TaskManager's direct memory
+    (``OutOfMemoryError: Cannot reserve ... bytes of direct buffer memory``) and the Python
+    workers could no longer start. The memory kept per job, each way, is decision record 5
     (``bench/taskmanager_memory.py``).
 
     Returns:

@@ -446,15 +446,9 @@ def default_bundle_time_ms(latency_slo_ms: float | None) -> int:
     """``python.fn-execution.bundle.time`` for a latency target.
 
     Outputs leave the Python worker when its bundle ends, and each bundle end
-    drains every record in flight. Measured on the async operator (2 cores, 124
-    records/s offered, p50 / p99 Kafka-in to Kafka-out): 50 ms bundles 223 / 457
-    ms, 20 ms 135 / 357, 10 ms 94 / 287, 5 ms 82 / 254; the most records/s fell
-    only from ~370 to ~330 at 5-10 ms. On the Arrow operator (the default), 175
-    records/s offered (30 % of its most) with ``--latency-slo-ms 150``, p99 in
-    interleaved runs: 20 ms bundles 201 ms, 10 ms 164 / 163, 5 ms 146 / 127 /
-    121, 2 ms 135; at 60 % load 5 and 10 ms alike (p99 1,262 / 1,203 ms);
-    a 12,808-record backlog 0.92x / 0.95x the plain loop at 5 / 10 ms. So: 50 ms
-    for throughput without a target, else SLO / 30 within [5, 50] ms.
+    drains every record in flight: 50 ms for throughput without a target, else
+    SLO / 30 within [5, 50] ms, as measured in decision record 1
+    (``docs/decisions/0001-bundle-time-and-size.md``).
 
     Args:
         latency_slo_ms: The p99 target in ms, or None.

@@ -38,12 +38,8 @@ def flink_settings(options: InferenceOptions) -> dict[str, str]:
       ``arrow_batch_size``, 8 x ``max_batch_size``): PyFlink caps the Arrow batch at
       the bundle size, and at each bundle end the JVM waits for every result in
       flight before it sends more, so the Python worker idles until the next batch
-      arrives. Measured with a backlog (12,808 reviews, Arrow batches of 1,024, 2
-      cores): a bundle of one batch left the worker idle 100-230 ms after every
-      batch (busy 90-91 % of the run), of 4 batches only once per 4 (busy 93-95 %;
-      about 5 ms between the batches within a bundle), of 8 batches 94-96 %. Four:
-      each checkpoint barrier also waits for the bundle in flight (~7 s of compute
-      here), and without a backlog bundles end on ``bundle.time`` first;
+      arrives; four batches, not more, since each checkpoint barrier also waits for the
+      bundle in flight (decision record 1, ``docs/decisions/0001-bundle-time-and-size.md``);
     * ``table.exec.async-scalar.max-concurrent-operations`` = 2 x
       ``max_batch_size``: rows in flight cap the SQL async function's batch (its
       default of 10 capped it at 10 here); twice lets the next batch fill

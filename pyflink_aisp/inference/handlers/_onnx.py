@@ -154,8 +154,7 @@ class OnnxSentimentModel:
             ``onnxruntime_session_options_config_keys.h``); None: ORT's default
             (spin). Spinning speeds back-to-back runs of large batches; on
             cores shared with the JVMs it burns CPU the rest of the job needs
-            between small batches (measured on the job at 155 records/s on 2
-            cores, p99 Kafka-in to Kafka-out: 291-332 ms without, 356-605 ms with).
+            between small batches (decision record 3, the SLO controller).
 
     Raises:
         ConfigError: ``intra_op_num_threads`` or ``batch_size`` < 1, an
