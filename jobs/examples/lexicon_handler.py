@@ -63,7 +63,8 @@ from typing import Any
 from pyflink_aisp.checksums import sha256_file, verify_sha256
 from pyflink_aisp.datasets import Review, load_rotten_tomatoes, split_reviews
 from pyflink_aisp.errors import ConfigError, ModelError
-from pyflink_aisp.inference import ModelHandler, OutputField, SqlType, Task
+from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.inference.tasks import OutputField, SqlType, Task
 from pyflink_aisp.outcome import sentiment_label
 
 __all__ = [

@@ -6,9 +6,9 @@ use it live in :mod:`pyflink_aisp.pipeline`, the backends (ONNX Runtime,
 PyTorch) in :mod:`pyflink_aisp.inference.handlers`.
 
 Public API: the plug-in :class:`ModelHandler` (with the batch-path
-:class:`Prepared`) and what its predictions mean, a :class:`Task` of
-:class:`OutputField` s typed by :class:`SqlType` (the project's own:
-:class:`SentimentTask`, :class:`EmbeddingTask`); batching: :class:`BatchingConfig`, :class:`BatchCuts`,
+:class:`Prepared`); what its predictions mean, a
+:class:`~pyflink_aisp.inference.tasks.Task` of output fields, is in
+:mod:`pyflink_aisp.inference.tasks`; batching: :class:`BatchingConfig`, :class:`BatchCuts`,
 :class:`MicroBatcher`, :func:`is_out_of_memory` and the SLO controller
 :class:`SloController`; the per-worker runtime :class:`ModelRuntime` (its
 results :class:`Inferred`, its registry key :func:`handler_key`); hot swap:
@@ -28,38 +28,20 @@ from pyflink_aisp.inference._queue import BatchingConfig
 from pyflink_aisp.inference._runtime import Inferred, ModelRuntime, handler_key
 from pyflink_aisp.inference._slo import SloController
 from pyflink_aisp.inference._swap import ModelSwapConfig, publish_model
-from pyflink_aisp.inference._task import (
-    EmbeddingTask,
-    OutputField,
-    SentimentTask,
-    SqlType,
-    Task,
-    check_task,
-    render_fields,
-    render_prediction,
-)
 
 __all__ = [
     "BatchCuts",
     "BatchingConfig",
     "BreakerConfig",
-    "EmbeddingTask",
     "FailureRateBreaker",
     "Inferred",
     "MicroBatcher",
     "ModelHandler",
     "ModelRuntime",
     "ModelSwapConfig",
-    "OutputField",
     "Prepared",
-    "SentimentTask",
     "SloController",
-    "SqlType",
-    "Task",
-    "check_task",
     "handler_key",
     "is_out_of_memory",
     "publish_model",
-    "render_fields",
-    "render_prediction",
 ]

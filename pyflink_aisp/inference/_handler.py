@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pyflink_aisp.errors import ConfigError, ModelError
-from pyflink_aisp.inference._task import Task
+from pyflink_aisp.inference.tasks import Task
 
 __all__ = ["ModelHandler", "Prepared", "as_list"]
 

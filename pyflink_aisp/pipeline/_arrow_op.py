@@ -38,15 +38,8 @@ from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
 from pyflink_aisp.affinity import AffinitySettings, open_affinity
 from pyflink_aisp.errors import ConfigError, InferenceError, OversizedOutputError
-from pyflink_aisp.inference import (
-    BatchingConfig,
-    BreakerConfig,
-    Inferred,
-    ModelHandler,
-    ModelSwapConfig,
-    check_task,
-    render_prediction,
-)
+from pyflink_aisp.inference import BatchingConfig, BreakerConfig, Inferred, ModelHandler, ModelSwapConfig
+from pyflink_aisp.inference.tasks import check_task, render_prediction
 from pyflink_aisp.kafka import DecodedRecord, decode_record
 from pyflink_aisp.outcome import (
     DEFAULT_MAX_RECORD_BYTES,

@@ -36,7 +36,8 @@ from pyflink.table import DataTypes, StatementSet, StreamTableEnvironment, Table
 from pyflink.table.expressions import col, lit, map_
 
 from pyflink_aisp.errors import ConfigError, DecodeError, KafkaError
-from pyflink_aisp.inference import ModelHandler, Task, check_task, render_prediction
+from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.inference.tasks import Task, check_task, render_prediction
 from pyflink_aisp.jars import connector_jars
 from pyflink_aisp.kafka import (
     JOB_HEADER,

@@ -69,16 +69,8 @@ from pyflink.table import DataTypes
 from pyflink.table.udf import AsyncScalarFunction, FunctionContext, ScalarFunction
 
 from pyflink_aisp.errors import ConfigError, InferenceError
-from pyflink_aisp.inference import (
-    Inferred,
-    ModelHandler,
-    ModelRuntime,
-    OutputField,
-    SentimentTask,
-    SqlType,
-    Task,
-    render_fields,
-)
+from pyflink_aisp.inference import Inferred, ModelHandler, ModelRuntime
+from pyflink_aisp.inference.tasks import OutputField, SentimentTask, SqlType, Task, render_fields
 from pyflink_aisp.outcome import MAX_DETAIL_CHARS, reason_of, sentiment_label
 from pyflink_aisp.pipeline._config import InferenceOptions
 from pyflink_aisp.pipeline._handlers import handler_for

@@ -34,7 +34,7 @@ import numpy.typing as npt
 from pyflink_aisp.checksums import sha256_file
 from pyflink_aisp.errors import ChecksumError, ConfigError, ModelError, TokenizeError
 from pyflink_aisp.inference._handler import ModelHandler, Prepared
-from pyflink_aisp.inference._task import EmbeddingTask
+from pyflink_aisp.inference.tasks import EmbeddingTask
 from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizedBatch
 
 __all__ = [

@@ -13,7 +13,6 @@ import numpy.typing as npt
 from pyflink_aisp.checksums import verify_sha256
 from pyflink_aisp.errors import ModelError
 from pyflink_aisp.inference._handler import ModelHandler, Prepared
-from pyflink_aisp.inference._task import SentimentTask
 from pyflink_aisp.inference.handlers._onnx import (
     ExecutionProvider,
     OnnxSentimentModel,
@@ -26,6 +25,7 @@ from pyflink_aisp.inference.handlers._probe import (
     check_probe_batch_sizes,
     check_probe_outputs,
 )
+from pyflink_aisp.inference.tasks import SentimentTask
 from pyflink_aisp.models import ModelAssets
 
 __all__ = ["SentimentHandler", "SentimentPrediction", "TokenizedTextsMixin"]

@@ -12,7 +12,8 @@ import pytest
 from pyflink.datastream import StreamExecutionEnvironment
 
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference import ModelHandler, OutputField, SqlType, Task
+from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.inference.tasks import OutputField, SqlType, Task
 from pyflink_aisp.kafka import create_topics, list_topics
 from pyflink_aisp.pipeline import PipelineOptions
 from pyflink_aisp.pipeline.flink import make_environment, pipeline_statements

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pyflink_aisp.errors import ConfigError, InferenceError
-from pyflink_aisp.inference import (
+from pyflink_aisp.inference.tasks import (
     EmbeddingTask,
     OutputField,
     SentimentTask,

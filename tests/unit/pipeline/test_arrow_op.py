@@ -13,15 +13,8 @@ import pandas as pd
 import pytest
 
 from pyflink_aisp.errors import CircuitOpenError, ConfigError, ModelError, OperatorNotOpenError
-from pyflink_aisp.inference import (
-    BatchingConfig,
-    BreakerConfig,
-    ModelHandler,
-    ModelRuntime,
-    OutputField,
-    SqlType,
-    Task,
-)
+from pyflink_aisp.inference import BatchingConfig, BreakerConfig, ModelHandler, ModelRuntime
+from pyflink_aisp.inference.tasks import OutputField, SqlType, Task
 from pyflink_aisp.outcome import MIN_RECORD_BYTES
 from pyflink_aisp.pipeline._shell import OperatorShell, WorkerSpec
 from pyflink_aisp.pipeline.flink import ArrowInferenceFunction

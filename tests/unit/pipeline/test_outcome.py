@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pyflink_aisp.errors import DecodeError, InferenceError, InferenceTimeoutError, TokenizeError
-from pyflink_aisp.inference import EmbeddingTask, SentimentTask, Task, render_prediction
+from pyflink_aisp.inference.tasks import EmbeddingTask, SentimentTask, Task, render_prediction
 from pyflink_aisp.outcome import (
     MAX_DEAD_LETTER_VALUE_BYTES,
     MAX_DETAIL_CHARS,

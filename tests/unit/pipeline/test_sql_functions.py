@@ -16,15 +16,9 @@ import pandas as pd
 import pytest
 
 from pyflink_aisp.errors import ConfigError, InferenceTimeoutError, TokenizeError
-from pyflink_aisp.inference import (
-    BatchingConfig,
-    Inferred,
-    ModelHandler,
-    ModelRuntime,
-    ModelSwapConfig,
-    SentimentTask,
-)
+from pyflink_aisp.inference import BatchingConfig, Inferred, ModelHandler, ModelRuntime, ModelSwapConfig
 from pyflink_aisp.inference.handlers import OnnxEncoderHandler, OnnxSentimentModel, Pooling, SentimentHandler
+from pyflink_aisp.inference.tasks import SentimentTask
 from pyflink_aisp.pipeline import InferenceOptions, _handlers, _sql_functions, flink_settings, sql
 from pyflink_aisp.pipeline.sql import (
     SENTIMENT_RESULT_TYPE,
