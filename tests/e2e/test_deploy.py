@@ -75,7 +75,8 @@ def printed_line(stack, tmp_path_factory):
     assert argv[argv.index("-m") + 1] == f"localhost:{stack.flink_config().rest_port}"
     python = "aisp-env/venv/bin/python"
     assert argv[argv.index("-pyexec") + 1] == argv[argv.index("-pyclientexec") + 1] == python
-    assert argv[argv.index("-py") + 1] == str(out / "review_sentiment.py")
+    assert argv[argv.index("-pym") + 1] == "pyflink_aisp.jobs.review_sentiment"  # ships in the env archive
+    assert "-py" not in argv and not (out / "review_sentiment.py").exists()
     manifest = json.loads((out / "package.json").read_text())
     assert manifest["files"]["model/model.onnx"] == manifest["model_sha256"]
     return argv
