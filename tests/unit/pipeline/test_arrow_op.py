@@ -220,3 +220,30 @@ def test_a_handler_without_a_task_is_refused_when_the_operator_is_built() -> Non
 
     with pytest.raises(ConfigError, match="Bare declares no output fields"):
         ArrowInferenceFunction(Bare(), batching=BATCHING)
+
+
+class NumpyEchoTask(EchoTask):
+    """Renders ``chars`` as a numpy integer: a task that breaks the plain-values contract."""
+
+    def render(self, prediction: Any) -> dict[str, Any]:
+        import numpy as np
+
+        return {**super().render(prediction), "chars": np.int64(prediction[0])}
+
+
+class NumpyEchoHandler(EchoHandler):
+    def task(self, *, with_embedding: bool = False) -> NumpyEchoTask:
+        return NumpyEchoTask()
+
+
+def test_a_task_that_renders_numpy_values_dead_letters_its_records_instead_of_failing_the_batch(
+        opener) -> None:
+    function = ArrowInferenceFunction(NumpyEchoHandler(), batching=BATCHING, open_lease=opener)
+    function.open(Context())
+    try:
+        out = function.eval(_frame([_record("a", "hello")]))
+    finally:
+        function.close()
+    assert out["dead"].tolist() == [True]
+    letter = json.loads(out["value"][0])
+    assert letter["reason"] == "inference_error" and "not JSON-able" in letter["detail"]
