@@ -247,3 +247,21 @@ def test_a_task_that_renders_numpy_values_dead_letters_its_records_instead_of_fa
     assert out["dead"].tolist() == [True]
     letter = json.loads(out["value"][0])
     assert letter["reason"] == "inference_error" and "not JSON-able" in letter["detail"]
+
+
+class RefusingGroup(Group):
+    def gauge(self, name: str, read: Any) -> None:
+        raise ValueError(f"gauge {name} refused")
+
+
+def test_an_open_that_fails_after_the_model_loaded_gives_model_and_lease_back(opener) -> None:
+    """A failure in the breaker or the metrics (after lease and model) releases both, as a
+    failed model load does: Flink need not call close() after a failed open()."""
+    context = Context()
+    context.group = RefusingGroup()
+    shell = OperatorShell(WorkerSpec.of(EchoHandler(), batching=BATCHING), counters=("recordsIn",),
+                          open_lease=opener)
+    with pytest.raises(ValueError, match="gauge recordsIn refused"):
+        shell.open(context)
+    assert opener.events == ["lease taken, runtimes: 0", "lease closed, runtimes left: 0"]
+    assert shell.runtime is None and shell.affinity is None and not ModelRuntime._registry
