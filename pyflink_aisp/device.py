@@ -14,7 +14,7 @@ from pyflink_aisp.errors import ConfigError
 
 __all__ = ["Device", "DeviceKind"]
 
-_DEVICE_RE = re.compile(r"cpu|cuda(?::(\d+))?")
+_DEVICE_RE = re.compile(r"cpu|cuda(?::([0-9]+))?")
 
 
 class DeviceKind(enum.StrEnum):
@@ -31,17 +31,25 @@ class Device:
     ``str(device)`` is its canonical name, ``"cpu"`` or ``"cuda:N"`` (PyTorch's spelling).
 
     Raises:
-        ConfigError: A CPU with an index, or a CUDA device without one or with a negative one.
+        ConfigError: Not a kind (``"cuda"`` becomes :attr:`DeviceKind.CUDA`), a CPU with an
+            index, or a CUDA device without one or with one that is not an int >= 0.
     """
 
     kind: DeviceKind
     index: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.kind, DeviceKind):
+            try:
+                object.__setattr__(self, "kind", DeviceKind(self.kind))
+            except ValueError:
+                raise ConfigError(f"a device kind is 'cpu' or 'cuda', got {self.kind!r}") from None
         cpu = self.kind is DeviceKind.CPU
-        if cpu != (self.index is None) or (self.index is not None and self.index < 0):
-            raise ConfigError(f"a {self.kind.value} device takes {'no index' if cpu else 'an index >= 0'}, "
-                              f"got {self.index!r}")
+        bad_index = self.index is not None and (
+            not isinstance(self.index, int) or isinstance(self.index, bool) or self.index < 0)
+        if cpu != (self.index is None) or bad_index:
+            wants = "no index" if cpu else "an int index >= 0"
+            raise ConfigError(f"a {self.kind.value} device takes {wants}, got {self.index!r}")
 
     @classmethod
     def parse(cls, text: str) -> Device:

@@ -204,13 +204,17 @@ def render_scored(
         OversizedOutputError: Key + value exceed ``max_record_bytes`` (reason
             ``oversized_output``).
         InferenceError: A value is NaN or an infinity, which JSON cannot carry
-            (RFC 8259 section 6): a model failure, reason ``inference_error``.
+            (RFC 8259 section 6), or not JSON-able at all (a numpy scalar or array): a
+            model failure, reason ``inference_error``.
     """
     try:
         value = scored_json(record_id, fields, model_version, extra=extra)
     except ValueError as exc:
         raise InferenceError(f"the model's output is not finite (NaN or infinity; not JSON, RFC 8259 "
                              f"section 6): {exc}") from exc
+    except TypeError as exc:
+        raise InferenceError(f"the model's output is not JSON-able (the task must render plain Python "
+                             f"values): {exc}") from exc
     size = len(record_id.encode("utf-8", "surrogatepass")) + len(value)  # the value is ASCII
     if size > max_record_bytes:
         raise OversizedOutputError(size, max_record_bytes)
@@ -241,6 +245,7 @@ def scored_json(
 
     Raises:
         ValueError: A value is NaN or infinite (not JSON).
+        TypeError: A value is not JSON-able (e.g. a numpy scalar).
     """
     doc = {"id": record_id, **fields, "model_sha256": model_version}
     if extra:

@@ -102,7 +102,8 @@ class Task(abc.ABC):
         """One prediction → a dict with exactly the names of :attr:`fields`.
 
         Values are plain JSON-able Python values of each field's type (no numpy
-        scalars); the JSON output writes them in the dict's order. NaN or an
+        scalars: a record rendered with one is dead-lettered, ``inference_error``);
+        the JSON output writes them in the dict's order. NaN or an
         infinity is allowed here: the operator then dead-letters the record
         (``inference_error``: JSON cannot carry it).
 
@@ -131,8 +132,8 @@ def render_fields(task: Task, prediction: Any) -> Mapping[str, Any]:
     """``task.render(prediction)``, checked to hold exactly the task's field names.
 
     Raises:
-        InferenceError: The task cannot render the prediction (not of its shape) or
-            rendered other names: a model failure, reason ``inference_error``.
+        InferenceError: The task cannot render the prediction (not of its shape), gave
+            no mapping or rendered other names: a model failure, reason ``inference_error``.
     """
     try:
         rendered = task.render(prediction)
@@ -140,6 +141,9 @@ def render_fields(task: Task, prediction: Any) -> Mapping[str, Any]:
     except Exception as exc:
         raise InferenceError(f"{type(task).__name__} cannot render the prediction: "
                              f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(rendered, Mapping):
+        raise InferenceError(f"{type(task).__name__}.render must return a mapping of its field names, "
+                             f"got {type(rendered).__name__}")
     if set(rendered) != names:
         raise InferenceError(f"{type(task).__name__}.render gave the fields {sorted(rendered)}, "
                              f"not its declared {sorted(names)}")
@@ -160,8 +164,8 @@ def render_prediction(
         max_record_bytes: Most UTF-8 bytes of key + value the sink can write.
 
     Raises:
-        InferenceError: The task cannot render the prediction, or a value is NaN or
-            infinite (reason ``inference_error``).
+        InferenceError: The task cannot render the prediction, or a value is NaN,
+            infinite or not JSON-able, e.g. a numpy scalar (reason ``inference_error``).
         OversizedOutputError: Key + value exceed ``max_record_bytes`` (``oversized_output``).
     """
     rendered = render_fields(task, prediction)

@@ -88,8 +88,14 @@ def remove_pid_file(path: Path) -> None:
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
+#: Pids are positive C ints (``pid_t``): 0 and -N name process groups to kill(2), larger ones overflow it.
+_PID_LIMIT = 2**31
+
+
 def is_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie."""
+    """Whether process ``pid`` exists and is not a zombie (False for a number that is no pid)."""
+    if not 0 < pid < _PID_LIMIT:
+        return False
     child = _CHILDREN.get(pid)
     if child is not None and child.poll() is not None:
         del _CHILDREN[pid]
@@ -321,7 +327,9 @@ def tail_text(path: Path, max_lines: int = 30) -> str:
 
 
 def command_line(pid: int) -> list[str] | None:
-    """The arguments of process ``pid`` (psutil); None if unreadable, gone or empty."""
+    """The arguments of process ``pid`` (psutil); None if unreadable, gone, empty or no pid."""
+    if not 0 < pid < _PID_LIMIT:
+        return None
     try:
         return psutil.Process(pid).cmdline() or None
     except psutil.Error:

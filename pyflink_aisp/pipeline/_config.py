@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import math
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -60,12 +61,25 @@ J, B, M, W = OptionGroup.JOB, OptionGroup.BATCHING, OptionGroup.MODEL, OptionGro
 
 def _coerce(options: Any) -> None:
     """Strings given for enum or device fields (``mode="batch"``, ``device="cuda"``) become their
-    values, parsed as the flag would be; every value is range-checked."""
+    values, parsed as the flag would be, and strings for path fields paths; any other type
+    there is refused; every value is range-checked.
+
+    Raises:
+        ConfigError: A value of another type for an enum, device or path field, or out of range
+            (naming the flag).
+    """
     for option in options_of(type(options)):
         value = getattr(options, option.name)
-        wants_parse = isinstance(option.kind, type) and issubclass(option.kind, enum.Enum | Device)
-        if isinstance(value, str) and wants_parse and not isinstance(value, option.kind):
-            object.__setattr__(options, option.name, option.parse(value))
+        kind = option.kind
+        if isinstance(kind, type) and issubclass(kind, enum.Enum | Device | Path) and value is not None:
+            if isinstance(value, kind):
+                pass
+            elif kind is Path and isinstance(value, str | os.PathLike):
+                object.__setattr__(options, option.name, Path(value))
+            elif isinstance(value, str):
+                object.__setattr__(options, option.name, option.parse(value))
+            else:
+                raise ConfigError(f"{option.flag} must be {option.expected}, got {value!r}")
         option.check(getattr(options, option.name))
 
 
@@ -156,6 +170,10 @@ class InferenceOptions:
     def __post_init__(self) -> None:
         _coerce(self)
         self.batching()  # validate the batching knobs before any JVM or broker is touched
+        for option in options_of(type(self)):  # nan passes every bound: refuse it (a flag cannot be nan)
+            value = getattr(self, option.name)
+            if option.kind is float and isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{option.flag} must be a finite number, got {value!r}")
         if self.max_failure_rate is not None and self.max_failure_rate > 1:
             raise ConfigError(f"--max-failure-rate must be <= 1 (a share of the window), "
                               f"got {self.max_failure_rate}")

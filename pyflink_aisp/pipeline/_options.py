@@ -169,14 +169,17 @@ class Option:
             else:
                 value = _PARSERS[self.kind](stripped)
         except (ValueError, KeyError, ConfigError) as exc:
-            if isinstance(self.kind, enum.EnumMeta):
-                members: list[enum.Enum] = list(self.kind.__members__.values())
-                choices = "one of " + ", ".join(str(m.value) for m in members)
-            else:
-                choices = _KIND_WORDS.get(self.kind, f"a {getattr(self.kind, '__name__', self.kind)}")
-            raise ConfigError(f"{where} must be {choices}, got {text!r}") from exc
+            raise ConfigError(f"{where} must be {self.expected}, got {text!r}") from exc
         self.check(value, where=where)
         return value
+
+    @property
+    def expected(self) -> str:
+        """What a value of this kind is, for errors: ``an integer``, ``one of streaming, batch``..."""
+        if isinstance(self.kind, enum.EnumMeta):
+            members: list[enum.Enum] = list(self.kind.__members__.values())
+            return "one of " + ", ".join(str(m.value) for m in members)
+        return _KIND_WORDS.get(self.kind, f"a {getattr(self.kind, '__name__', self.kind)}")
 
     def check(self, value: Any, *, where: str | None = None) -> None:
         """Range check of a parsed value.

@@ -159,14 +159,14 @@ class OperatorShell:
         self.windows = {name: Window() for name in self._window_names}
         self.affinity = self._open_lease(spec.affinity, context)  # before the model (and CUDA) starts
         try:
-            self.runtime = ModelRuntime.acquire(spec.handler, spec.batching, swap=spec.swap,
-                                                key=spec.key or None)
-        except BaseException:
+            runtime = self.runtime = ModelRuntime.acquire(spec.handler, spec.batching, swap=spec.swap,
+                                                          key=spec.key or None)
+            self.breaker = None if spec.breaker is None else FailureRateBreaker(spec.breaker)
+            self._bind_metrics(_metric_group(context))
+        except BaseException:  # release what was taken: Flink need not call close() after a failed open
             self.close()
             raise
-        self.breaker = None if spec.breaker is None else FailureRateBreaker(spec.breaker)
-        self._bind_metrics(_metric_group(context))
-        return self.runtime
+        return runtime
 
     def _bind_metrics(self, group: Any) -> None:
         if group is None:

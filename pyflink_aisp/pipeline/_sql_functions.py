@@ -188,6 +188,7 @@ class _SharedModel(OperatorShell):
         Raises:
             ConfigError: A job parameter is invalid, or the handler's task is not the sentiment one.
             ModelError: The model cannot be loaded.
+            OSError: The stats directory cannot be made (model and lease are released).
         """
         config = InferenceOptions.from_job_parameters(_job_parameters(context), base=self.defaults)
         handler = handler_for(config)
@@ -196,7 +197,11 @@ class _SharedModel(OperatorShell):
             handler=handler, batching=config.batching(), swap=config.swap(), breaker=config.breaker(),
             affinity=config.affinity()))
         if config.stats_dir is not None:
-            config.stats_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                config.stats_dir.mkdir(parents=True, exist_ok=True)
+            except BaseException:  # a failed open releases what it took (OperatorShell.open)
+                self.close()
+                raise
             self._stats_path = config.stats_dir / f"aisp-stats-{os.getpid()}.json"
             self._stop.clear()
             self._writer = threading.Thread(target=self._write_loop, name="aisp-stats", daemon=True)

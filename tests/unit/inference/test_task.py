@@ -80,3 +80,17 @@ def test_extra_fields_follow_model_sha256() -> None:
                               max_record_bytes=1 << 20)
     assert value == json.dumps({"id": "r", "label": "rotten", "score": 0.25, "model_sha256": SHA,
                                 "embedding": [1.0, 0.5]})
+
+
+@pytest.mark.parametrize("rendered", [None, ["score"], 0.5])
+def test_a_render_that_is_not_a_mapping_is_an_inference_error(rendered: Any) -> None:
+    with pytest.raises(InferenceError, match=r"Fixed\.render must return a mapping"):
+        render_fields(Fixed((SCORE,), rendered), None)
+
+
+@pytest.mark.parametrize("value", [np.float32(0.5), np.int64(1), np.array([1.0]), object()])
+def test_a_rendered_value_json_cannot_carry_is_an_inference_error(value: Any) -> None:
+    """A task that hands back numpy scalars breaks its contract on every record: the operator
+    dead-letters them (and the breaker judges) instead of failing the job on a TypeError."""
+    with pytest.raises(InferenceError, match="not JSON-able"):
+        render_prediction(Fixed((SCORE,), {"score": value}), "r", None, SHA, max_record_bytes=1 << 20)

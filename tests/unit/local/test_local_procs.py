@@ -248,3 +248,14 @@ def test_a_stack_config_on_free_ports_takes_four_distinct_free_ones(tmp_path):
     ports = [config.kafka_port, config.kafka_controller_port, config.flink_rest_port, config.flink_rpc_port]
     assert len(set(ports)) == 4 and all(port_is_free(p) for p in ports)
     assert config.flink_taskmanagers == 2 and config.state_dir == tmp_path
+
+
+@pytest.mark.parametrize("pid", [0, -1, -os.getpgid(0), 2**31, 2**63])
+def test_a_number_that_is_no_pid_is_not_alive_and_has_no_command_line(tmp_path, pid):
+    """Never a process group (kill(0 or -N, 0)) nor an OverflowError: read_pid_file takes any
+    positive number a damaged pid file holds."""
+    assert not is_alive(pid)
+    assert not pid_matches(pid, "x")
+    assert command_line(pid) is None
+    (tmp_path / "big.pid").write_text(f"{2**63}\n")
+    assert not [p for p in read_pid_file(tmp_path / "big.pid") if is_alive(p)]

@@ -220,3 +220,48 @@ def test_a_handler_without_a_task_is_refused_when_the_operator_is_built() -> Non
 
     with pytest.raises(ConfigError, match="Bare declares no output fields"):
         ArrowInferenceFunction(Bare(), batching=BATCHING)
+
+
+class NumpyEchoTask(EchoTask):
+    """Renders ``chars`` as a numpy integer: a task that breaks the plain-values contract."""
+
+    def render(self, prediction: Any) -> dict[str, Any]:
+        import numpy as np
+
+        return {**super().render(prediction), "chars": np.int64(prediction[0])}
+
+
+class NumpyEchoHandler(EchoHandler):
+    def task(self, *, with_embedding: bool = False) -> NumpyEchoTask:
+        return NumpyEchoTask()
+
+
+def test_a_task_that_renders_numpy_values_dead_letters_its_records_instead_of_failing_the_batch(
+        opener) -> None:
+    function = ArrowInferenceFunction(NumpyEchoHandler(), batching=BATCHING, open_lease=opener)
+    function.open(Context())
+    try:
+        out = function.eval(_frame([_record("a", "hello")]))
+    finally:
+        function.close()
+    assert out["dead"].tolist() == [True]
+    letter = json.loads(out["value"][0])
+    assert letter["reason"] == "inference_error" and "not JSON-able" in letter["detail"]
+
+
+class RefusingGroup(Group):
+    def gauge(self, name: str, read: Any) -> None:
+        raise ValueError(f"gauge {name} refused")
+
+
+def test_an_open_that_fails_after_the_model_loaded_gives_model_and_lease_back(opener) -> None:
+    """A failure in the breaker or the metrics (after lease and model) releases both, as a
+    failed model load does: Flink need not call close() after a failed open()."""
+    context = Context()
+    context.group = RefusingGroup()
+    shell = OperatorShell(WorkerSpec.of(EchoHandler(), batching=BATCHING), counters=("recordsIn",),
+                          open_lease=opener)
+    with pytest.raises(ValueError, match="gauge recordsIn refused"):
+        shell.open(context)
+    assert opener.events == ["lease taken, runtimes: 0", "lease closed, runtimes left: 0"]
+    assert shell.runtime is None and shell.affinity is None and not ModelRuntime._registry

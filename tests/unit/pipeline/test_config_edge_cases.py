@@ -131,3 +131,30 @@ def test_batching_flags_are_checked_before_any_service_is_touched(flags, message
 def test_capacity_below_the_batch_size_is_fine_for_the_arrow_operator() -> None:
     # only the async operator takes records in flight
     assert PipelineOptions(input_topic="i", output_topic="o", capacity=4).capacity == 4
+
+
+@pytest.mark.parametrize("name", ["max_failure_rate", "model_poll_interval_s", "max_wait_ms"])
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_every_float_option_is_refused_non_finite_in_code(name: str, value: float) -> None:
+    """A flag or job parameter never parses to nan; a value given in code is checked the same."""
+    with pytest.raises(ConfigError, match="must be a finite number"):
+        InferenceOptions(**{name: value})
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"device": 0}, "--device must be cpu, cuda or cuda:N, got 0"),
+    ({"runtime": 1}, "--runtime must be one of onnx, torch, got 1"),
+    ({"mode": True}, "--mode must be one of streaming, batch, got True"),
+    ({"startup_mode": 0}, "--startup-mode must be one of"),
+])
+def test_an_enum_or_device_option_given_another_type_in_code_is_refused(fields, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=message):
+        PipelineOptions(input_topic="in", output_topic="out", **fields)
+
+
+def test_path_options_given_strings_in_code_become_paths(tmp_path: Path) -> None:
+    options = InferenceOptions(model_pointer=str(tmp_path / "pointer.json"), model_dir="assets",  # type: ignore[arg-type]
+                               stats_dir=tmp_path)
+    assert options.model_dir == Path("assets") and options.stats_dir == tmp_path
+    swap = options.swap()
+    assert swap is not None and swap.pointer_path == tmp_path / "pointer.json"

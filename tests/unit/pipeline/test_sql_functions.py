@@ -451,3 +451,12 @@ def test_the_sql_functions_get_the_breaker_from_the_job_parameters() -> None:
     config = InferenceOptions.from_job_parameters(
         {"aisp.breaker.max-failure-rate": "0.25", "aisp.breaker.window": "50"}.get).breaker()
     assert (config.max_failure_rate, config.window_records, config.min_records) == (0.25, 50, 5)
+
+
+def test_an_open_whose_stats_dir_cannot_be_made_gives_the_model_back(seen_options, tmp_path: Path) -> None:
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    function = PandasSentimentFunction()
+    with pytest.raises(OSError):
+        function.open(_Context(**{"aisp.stats.dir": str(taken)}))
+    assert function._shared.runtime is None and not ModelRuntime._registry
