@@ -88,9 +88,9 @@ def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
             or a pre-flight check failed (:mod:`pyflink_aisp.pipeline._preflight`: jar, model
             path, device, Python executable), in one line.
     """
-    jars = connector_jars(options.jars)
     check_model_paths(options)
-    check_device(options)
+    check_device(options)  # before the jars: a GPU that is not there is named whatever the jar cache holds
+    jars = connector_jars(options.jars)
     check_connector_jars(jars)
     conf = Configuration()
     for key, value in flink_settings(options).items():
