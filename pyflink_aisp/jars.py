@@ -28,7 +28,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
-from pyflink_aisp.home import aisp_home, project_root
+from pyflink_aisp.home import aisp_home
 
 __all__ = [
     "CONNECTOR_JARS_ENV",
@@ -96,19 +96,17 @@ def _jar_kind(kind: JarKind | str) -> JarKind:
 
 
 def connectors_dir() -> Path:
-    """The ``connectors/`` folder of the source checkout.
+    """The folder of the Maven manifests: ``pyflink_aisp/connectors``, in a source checkout a link
+    to the top-level ``connectors/``, in an installed package its copy (package data).
 
     Raises:
-        EnvironmentSetupError: If the package is not running from a source checkout.
+        EnvironmentSetupError: The manifests are missing (a broken install).
     """
-    root = project_root()
-    if root is None or not (root / "connectors").is_dir():
-        raise EnvironmentSetupError(
-            "connectors/*.pom.xml not found: the jar cache is filled from a source "
-            "checkout of pyflink-aisp; run from the checkout (editable install: "
-            "`pip install -e .`)"
-        )
-    return root / "connectors"
+    folder = (Path(__file__).parent / "connectors").resolve()
+    if not any(folder.glob("*.pom.xml")):
+        raise EnvironmentSetupError(f"{folder}/*.pom.xml not found: reinstall pyflink-aisp (the Maven "
+                                    "manifests of its jars ship in the package)")
+    return folder
 
 
 def _sha256(path: Path) -> str:
@@ -151,13 +149,13 @@ def ensure_jars(
 
     Runs ``mvn -q -B -f connectors/<pom> dependency:copy-dependencies`` into a temp
     folder and renames it into place, so an interrupted download never looks
-    complete. Safe to call from several processes (file lock). Outside a source
-    checkout an already filled cache is used as it is.
+    complete. Safe to call from several processes (file lock). Where the manifests
+    are missing (a broken install) an already filled cache is used as it is.
 
     Args:
         kind: ``"kafka-broker"`` or ``"flink"`` (or a :class:`JarKind`).
         cache_dir: Parent of the per-kind folders; default ``<aisp_home>/jars``.
-        connectors: Folder with the poms; default the checkout's ``connectors/``.
+        connectors: Folder with the poms; default :func:`connectors_dir`.
         timeout_s: Limit for the Maven run, seconds.
 
     Returns:
@@ -165,7 +163,7 @@ def ensure_jars(
 
     Raises:
         ConfigError: Unknown ``kind``.
-        EnvironmentSetupError: No source checkout, no ``mvn``/``java``, or Maven failed.
+        EnvironmentSetupError: No manifests and no filled cache, no ``mvn``/``java``, or Maven failed.
     """
     kind = _jar_kind(kind)
     parent = cache_dir or aisp_home() / "jars"

@@ -101,9 +101,12 @@ def test_unknown_kind():
         ensure_jars("spark")
 
 
-def test_no_checkout_uses_filled_cache_else_explains(tmp_path, monkeypatch):
-    monkeypatch.setattr(_jars, "project_root", lambda: None)
-    with pytest.raises(EnvironmentSetupError, match="source checkout"):
+def test_without_the_manifests_a_filled_cache_is_used_else_explained(tmp_path, monkeypatch):
+    def missing() -> Path:
+        raise EnvironmentSetupError("/x/connectors/*.pom.xml not found: reinstall pyflink-aisp")
+
+    monkeypatch.setattr(_jars, "connectors_dir", missing)
+    with pytest.raises(EnvironmentSetupError, match="reinstall"):
         ensure_jars("flink", cache_dir=tmp_path)
     dest = tmp_path / "flink"
     dest.mkdir()
@@ -115,6 +118,13 @@ def test_no_checkout_uses_filled_cache_else_explains(tmp_path, monkeypatch):
 def test_pipeline_jars_value():
     value = pipeline_jars_value([Path("/x/a.jar"), Path("/y/b c.jar")])
     assert value == "file:///x/a.jar;file:///y/b%20c.jar"
+
+
+def test_the_manifests_ship_in_the_package_as_a_link_to_the_top_level_folder():
+    """pyflink_aisp/connectors (package data, see pyproject.toml) is connectors/ in a checkout."""
+    root = Path(_jars.__file__).resolve().parents[1]
+    assert (Path(_jars.__file__).parent / "connectors").is_symlink()
+    assert _jars.connectors_dir() == (root / "connectors").resolve()
 
 
 def test_real_connectors_dir_has_both_poms():
