@@ -274,7 +274,11 @@ class InferenceOptions:
 
         Raises:
             ConfigError: A parameter does not parse or is out of range (named).
+            TypeError: ``base`` is not an instance of this class (its job options would be lost).
         """
+        if base is not None and not isinstance(base, cls):
+            raise TypeError(f"{cls.__name__}.from_job_parameters needs a {cls.__name__} base, "
+                            f"got a {type(base).__name__}")
         values = read_job_parameters(options_of(cls), get)
         try:
             return replace(base or cls(), **values)
@@ -324,7 +328,7 @@ class PipelineOptions(InferenceOptions):
     mode: RuntimeMode = opt(RuntimeMode.STREAMING, J, 'Flink runtime mode: streaming (unbounded, '
         'checkpoints) or batch (bounded at the latest offsets at start).')
     startup_mode: StartupMode | None = opt(None, J, 'Kafka scan.startup.mode (default: group-offsets in '
-        'streaming, earliest-offset in batch).')
+        'streaming, earliest-offset in batch).', choices=_STARTUP_CHOICES)
     range_start: str | None = opt(None, J, 'Where reading starts: earliest, latest, timestamp:T, '
         "offsets:P=O,..., group:G, checkpoint:JOB (a streaming job's last completed checkpoint) or "
         'manifest:PATH (where a run ended); checked against the topic before the job starts (default: '
@@ -367,9 +371,6 @@ class PipelineOptions(InferenceOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.startup_mode is not None and self.startup_mode not in _STARTUP_CHOICES:
-            raise ConfigError(f"--startup-mode must be one of {[m.value for m in _STARTUP_CHOICES]}, "
-                              f"got {self.startup_mode.value!r}")
         if self.startup_mode is not None and self.range_start is not None:
             raise ConfigError("--range-start and --startup-mode both say where reading starts: give one")
         for flag, bound in (("--range-start", self.range_start), ("--range-end", self.range_end)):

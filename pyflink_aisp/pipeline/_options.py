@@ -108,6 +108,14 @@ def _bool(text: str) -> bool:
     return lowered in ("true", "1", "yes")
 
 
+def _is_kind(value: Any, kind: type) -> bool:
+    """Whether a value given in code is of a number or bool option's kind (an int is a float; a bool
+    is neither an int nor a float here, though Python makes it one)."""
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    return isinstance(value, int) if kind is int else isinstance(value, int | float)
+
+
 #: How an error names a kind.
 _KIND_WORDS: dict[Any, str] = {int: "an integer", float: "a finite number", tuple: "comma-separated integers",
                                bool: "true or false", Device: "cpu, cuda or cuda:N"}
@@ -145,6 +153,7 @@ class Option:
     nullable: bool = False
     minimum: float | None = None
     required: bool = False
+    choices: tuple[Any, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -177,7 +186,7 @@ class Option:
     def expected(self) -> str:
         """What a value of this kind is, for errors: ``an integer``, ``one of streaming, batch``..."""
         if isinstance(self.kind, enum.EnumMeta):
-            members: list[enum.Enum] = list(self.kind.__members__.values())
+            members: list[enum.Enum] = list(self.choices or self.kind.__members__.values())
             return "one of " + ", ".join(str(m.value) for m in members)
         return _KIND_WORDS.get(self.kind, f"a {getattr(self.kind, '__name__', self.kind)}")
 
@@ -185,11 +194,17 @@ class Option:
         """Range check of a parsed value.
 
         Raises:
-            ConfigError: below ``minimum`` (for tuples: any element), or an integer
-                above :data:`JAVA_INT_MAX` (Flink reads these settings as Java ints).
+            ConfigError: not one of ``choices``, not of the option's number or bool kind
+                (``True`` or ``2.5`` for an integer, ``"8"`` given in code), below
+                ``minimum`` (for tuples: any element), or an integer above
+                :data:`JAVA_INT_MAX` (Flink reads these settings as Java ints).
         """
         if value is None:
             return
+        if self.choices and value not in self.choices:
+            raise ConfigError(f"{where or self.flag} must be {self.expected}, got {str(value)!r}")
+        if self.kind in (int, float, bool) and not _is_kind(value, self.kind):
+            raise ConfigError(f"{where or self.flag} must be {self.expected}, got {value!r}")
         values = value if isinstance(value, tuple) else (value,)
         if self.minimum is not None and any(v < self.minimum for v in values):
             raise ConfigError(f"{where or self.flag} must be >= {self.minimum:g}, got {value!r}")
@@ -219,7 +234,7 @@ _SPEC = "aisp.option"
 
 
 def opt(default: Any, group: OptionGroup, doc: str, *, unit: str = "", job_param: str | None = None,
-        nullable: bool = False, minimum: float | None = None) -> Any:
+        nullable: bool = False, minimum: float | None = None, choices: tuple[Any, ...] = ()) -> Any:
     """Declare an option field: ``max_batch_size: int = opt(32, B, "Most records per model call.", ...)``.
 
     Args:
@@ -230,12 +245,13 @@ def opt(default: Any, group: OptionGroup, doc: str, *, unit: str = "", job_param
         job_param: Flink job parameter name, or None (flag only).
         nullable: ``none`` turns it off.
         minimum: Smallest accepted number (inclusive), or None.
+        choices: For an enum: the members accepted, when not all are (empty: all).
 
     Returns:
         A :func:`dataclasses.field` (typed ``Any`` so that the annotation stays the field's type).
     """
     spec = {"group": group, "doc": doc, "unit": unit, "job_param": job_param, "nullable": nullable,
-            "minimum": minimum, "required": False}
+            "minimum": minimum, "required": False, "choices": choices}
     return dataclasses.field(default=default, metadata={_SPEC: spec})
 
 

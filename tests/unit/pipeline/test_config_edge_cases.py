@@ -158,3 +158,31 @@ def test_path_options_given_strings_in_code_become_paths(tmp_path: Path) -> None
     assert options.model_dir == Path("assets") and options.stats_dir == tmp_path
     swap = options.swap()
     assert swap is not None and swap.pointer_path == tmp_path / "pointer.json"
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"max_batch_size": True}, "--max-batch-size must be an integer, got True"),
+    ({"max_batch_size": 2.5}, "--max-batch-size must be an integer, got 2.5"),
+    ({"max_batch_size": "8"}, "--max-batch-size must be an integer, got '8'"),
+    ({"max_wait_ms": True}, "--max-wait-ms must be a finite number, got True"),
+    ({"encoder_normalize": 1}, "--encoder-normalize must be true or false, got 1"),
+])
+def test_numbers_and_bools_given_in_code_are_checked_like_flags(values, message) -> None:
+    with pytest.raises(ConfigError) as info:
+        InferenceOptions(**values)
+    assert str(info.value) == message
+    assert InferenceOptions(max_wait_ms=5).max_wait_ms == 5  # an int is a number of ms
+
+
+def test_the_startup_mode_error_lists_only_the_modes_a_job_may_ask_for(capsys) -> None:  # type: ignore[no-untyped-def]
+    expected = "--startup-mode must be one of earliest-offset, latest-offset, group-offsets, got "
+    with pytest.raises(ConfigError, match=expected + "'specific-offsets'"):
+        PipelineOptions(input_topic="i", output_topic="o", startup_mode="specific-offsets")
+    assert expected + "'now'" in _usage_error(capsys, [*BASE, "--startup-mode", "now"])
+
+
+def test_job_parameters_over_a_base_of_another_class_are_refused() -> None:
+    with pytest.raises(TypeError, match="needs a PipelineOptions base, got a InferenceOptions"):
+        PipelineOptions.from_job_parameters(lambda k, d: d, base=InferenceOptions())
+    job = PipelineOptions(input_topic="i", output_topic="o", max_batch_size=7)
+    assert InferenceOptions.from_job_parameters(lambda k, d: d, base=job) == job  # a subclass is kept
