@@ -1,7 +1,14 @@
 """JSON decoding of Kafka record values, with dead-letter records for bad input.
 
 A record value must be UTF-8 JSON holding an object with a string ``text``;
-``id`` (string or integer) and ``label`` are optional. Anything else becomes a
+``id`` and ``label`` are optional. The id rules:
+
+* an absent or null ``id``: the record's coordinates ``topic/partition/offset``
+  (unique and stable across replays: the same record gets the same id);
+* a string (not empty) or an integer (written as its decimal string): itself;
+* an empty string, a boolean, a float, an array or an object: ``bad_id``.
+
+The id is the output's Kafka key and its ``id`` field. Anything else becomes a
 :class:`~pyflink_aisp.outcome.DeadLettered` carrying the reason, the Kafka
 coordinates and the raw bytes (base64), so nothing is lost and the job never
 restarts for one bad record.
@@ -119,6 +126,23 @@ def _parse(value: bytes | None) -> dict[str, Any]:
     return obj
 
 
+#: Field names a ``missing_text`` detail lists, at most, each cut to 40 characters.
+_NAMES_SHOWN = 8
+
+
+def _missing_text(obj: dict[str, Any]) -> str:
+    """The detail of a record without a text: what it has instead (so the dead letter, and the
+    dead-letter watch's line, say which field the user's records use)."""
+    if "text" in obj:
+        return "'text' is null"
+    names = sorted(obj)
+    shown = ", ".join(repr(n[:40]) for n in names[:_NAMES_SHOWN])
+    more = f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
+    if not names:
+        return "no 'text' field; the object is empty"
+    return f"no 'text' field; the object's fields: {shown}{more}"
+
+
 def _check_encodable(field: str, text: str) -> None:
     """JSON ``\\ud800`` escapes decode to lone surrogates, which no UTF-8 coder downstream accepts."""
     try:
@@ -150,7 +174,7 @@ def decode_review(value: bytes | None, source: KafkaCoordinates) -> DecodedRecor
     try:
         obj = _parse(value)
         if "text" not in obj or obj["text"] is None:
-            raise DecodeError(Reason.MISSING_TEXT.value, "no 'text' field")
+            raise DecodeError(Reason.MISSING_TEXT.value, _missing_text(obj))
         text = obj["text"]
         if not isinstance(text, str):
             raise DecodeError(
@@ -161,6 +185,8 @@ def decode_review(value: bytes | None, source: KafkaCoordinates) -> DecodedRecor
             rid = source.default_id()
         elif isinstance(rid, bool) or not isinstance(rid, (str, int)):
             raise DecodeError(Reason.BAD_ID.value, f"'id' is {type(rid).__name__}")
+        elif rid == "":
+            raise DecodeError(Reason.BAD_ID.value, "'id' is an empty string")
         _check_encodable("text", text)
         _check_encodable("id", str(rid))
         return DecodedRecord(id=str(rid), text=text, label=obj.get("label"))

@@ -20,6 +20,42 @@ def test_integer_id_becomes_string_and_missing_id_uses_coordinates():
     assert decode_review(b'{"text": "x"}', SRC).id == "reviews/2/41"
 
 
+@pytest.mark.parametrize(("value", "expected"), [
+    (b'{"text": "x"}', "reviews/2/41"),                 # absent: the coordinates
+    (b'{"id": null, "text": "x"}', "reviews/2/41"),     # null: the same
+    (b'{"id": " ", "text": "x"}', " "),                 # a non-empty string is an id as it is
+    (b'{"id": 0, "text": "x"}', "0"),
+    (b'{"id": -12, "text": "x"}', "-12"),
+])
+def test_the_id_rules(value, expected):
+    assert decode_review(value, SRC).id == expected
+
+
+@pytest.mark.parametrize(("value", "detail"), [
+    (b'{"id": "", "text": "x"}', "'id' is an empty string"),
+    (b'{"id": 1.5, "text": "x"}', "'id' is float"),
+    (b'{"id": {"a": 1}, "text": "x"}', "'id' is dict"),
+])
+def test_an_empty_or_non_integer_id_is_a_bad_id_keyed_by_coordinates(value, detail):
+    out = decode_review(value, SRC)
+    assert isinstance(out, DeadLettered) and out.reason is Reason.BAD_ID and out.detail == detail
+    assert out.id is None and out.key == "reviews/2/41"  # never "" as a Kafka key
+
+
+@pytest.mark.parametrize(("value", "detail"), [
+    (b'{"review_id": "r1", "body": "fine", "lang": "en"}',
+     "no 'text' field; the object's fields: 'body', 'lang', 'review_id'"),
+    (b'{"id": "a", "text": null}', "'text' is null"),
+    (b"{}", "no 'text' field; the object is empty"),
+    (json.dumps({f"f{i:02d}": i for i in range(10)}).encode(),
+     "no 'text' field; the object's fields: 'f00', 'f01', 'f02', 'f03', 'f04', 'f05', 'f06', 'f07' "
+     "and 2 more"),
+])
+def test_a_missing_text_names_the_fields_the_record_has(value, detail):
+    out = decode_review(value, SRC)
+    assert isinstance(out, DeadLettered) and out.reason is Reason.MISSING_TEXT and out.detail == detail
+
+
 def test_empty_text_is_valid():
     assert decode_review(b'{"id": "e", "text": ""}', SRC) == DecodedRecord(id="e", text="")
 
