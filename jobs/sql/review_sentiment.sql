@@ -37,13 +37,18 @@ SET 'pipeline.global-job-parameters' = '{"aisp.batch.max-size": "64", "aisp.batc
 -- the async function keeps at most 2 x 64 rows in flight (its default of 10 caps batches at 10);
 -- the pandas variant gets Arrow batches of up to 1024 rows, cut into model batches of 64.
 -- A record that fails the job every time (or a model the circuit breaker stops) must not restart it
--- without end: at most 3 restarts within 5 minutes, 10 s apart. A checkpoint not done in 10 min is
--- declined; the sink's transactions (1 h) outlive two checkpoint spans and a restart.
+-- without end, and a TaskManager being replaced must not spend the budget: exponential-delay, the
+-- wait 5 s doubling to 60 s, at most 10 restarts until the job has run 10 min without failure
+-- (decision record 5). A checkpoint not done in 10 min is declined; the sink's transactions (1 h)
+-- outlive two checkpoint spans and the longest restart wait.
 SET 'execution.checkpointing.timeout' = '600000 ms';
-SET 'restart-strategy.type' = 'failure-rate';
-SET 'restart-strategy.failure-rate.max-failures-per-interval' = '3';
-SET 'restart-strategy.failure-rate.failure-rate-interval' = '300 s';
-SET 'restart-strategy.failure-rate.delay' = '10 s';
+SET 'restart-strategy.type' = 'exponential-delay';
+SET 'restart-strategy.exponential-delay.initial-backoff' = '5 s';
+SET 'restart-strategy.exponential-delay.max-backoff' = '60 s';
+SET 'restart-strategy.exponential-delay.backoff-multiplier' = '2.0';
+SET 'restart-strategy.exponential-delay.jitter-factor' = '0.1';
+SET 'restart-strategy.exponential-delay.reset-backoff-threshold' = '600 s';
+SET 'restart-strategy.exponential-delay.attempts-before-reset-backoff' = '10';
 SET 'python.fn-execution.bundle.time' = '50';
 SET 'python.fn-execution.bundle.size' = '4096';
 SET 'python.fn-execution.arrow.batch.size' = '1024';

@@ -25,7 +25,7 @@ import psutil
 from pyflink_aisp.errors import ServiceError
 from pyflink_aisp.local import FlinkCluster, LocalStack
 
-__all__ = ["JobProgress", "job_progress", "kill_taskmanager", "wait_recovered"]
+__all__ = ["JobProgress", "job_progress", "job_restarts", "kill_taskmanager", "wait_recovered"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,12 +46,16 @@ class JobProgress:
     last_trigger_ms: int
 
 
-def _get(url: str, timeout_s: float) -> dict[str, Any]:
+def _get_any(url: str, timeout_s: float) -> Any:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            body = json.loads(resp.read().decode("utf-8"))
+            return json.loads(resp.read().decode("utf-8"))
     except (urllib.error.URLError, OSError, ValueError):
-        return {}
+        return None
+
+
+def _get(url: str, timeout_s: float) -> dict[str, Any]:
+    body = _get_any(url, timeout_s)
     return body if isinstance(body, dict) else {}
 
 
@@ -67,6 +71,18 @@ def job_progress(rest_url: str, job_id: str, timeout_s: float = 2.0) -> JobProgr
         completed_checkpoints=int((checkpoints.get("counts") or {}).get("completed", 0)),
         last_trigger_ms=int(latest.get("trigger_timestamp", 0) or 0),
     )
+
+
+def job_restarts(rest_url: str, job_id: str, timeout_s: float = 2.0) -> int | None:
+    """The job's ``numRestarts`` (Flink job metric, REST ``/jobs/:jobid/metrics``); None when
+    the REST API did not answer."""
+    body = _get_any(f"{rest_url.rstrip('/')}/jobs/{job_id}/metrics?get=numRestarts", timeout_s)
+    values = [m.get("value") for m in body if isinstance(m, dict) and m.get("id") == "numRestarts"] \
+        if isinstance(body, list) else []
+    try:
+        return int(str(values[0])) if values else None
+    except (TypeError, ValueError):
+        return None
 
 
 def kill_taskmanager(stack: LocalStack, *, with_workers: bool = True, busy_only: bool = False) -> list[int]:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyflink_aisp.chaos._kill import kill_taskmanager, wait_recovered
+from pyflink_aisp.chaos._kill import job_restarts, kill_taskmanager, wait_recovered
 from pyflink_aisp.errors import ConfigError, ServiceError
 from pyflink_aisp.local import LocalStack, wait_until
 
@@ -41,6 +41,10 @@ class FailurePlan:
         pause_s: Seconds the job scores a fresh chunk before the next failure.
         recovery_timeout_s: Longest wait for the job to recover from one failure.
         drain_timeout_s: Longest wait for the last outputs after the last failure.
+        down_s: Seconds a killed TaskManager stays down before it is restarted (a
+            replacement pod's or node's start; the TaskManager JVM's own start comes on top).
+        restart_options: The job's restart options (``--restart-*`` flags); None: a
+            budget no run can spend (the run measures recovery), ``()``: the job's defaults.
 
     Raises:
         ConfigError: A count or time is out of range.
@@ -53,6 +57,8 @@ class FailurePlan:
     pause_s: float = 3.0
     recovery_timeout_s: float = 180.0
     drain_timeout_s: float = 300.0
+    down_s: float = 0.0
+    restart_options: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         events = self.taskmanager_kills + self.broker_restarts
@@ -63,6 +69,8 @@ class FailurePlan:
             raise ConfigError(f"records must be > the {events} failures (one chunk each), got {self.records}")
         if self.checkpoint_interval_ms < 100 or min(self.pause_s, self.recovery_timeout_s) <= 0:
             raise ConfigError("checkpoint_interval_ms must be >= 100 and the times positive")
+        if self.down_s < 0:
+            raise ConfigError(f"down_s must be >= 0, got {self.down_s}")
 
     def schedule(self) -> list[str]:
         """The failures in order: ``"tm+workers"``, ``"tm"`` (workers left) or ``"broker"``."""
@@ -84,6 +92,7 @@ class FailureEvent:
             right before the restart (> 0 after a ``"tm"`` kill of a scoring job).
         orphans_after_restart: The same count after the restart (the reaper's result).
         recovery_s: Failure → job RUNNING and a later checkpoint completed; None on timeout.
+        restarts: The job's ``numRestarts`` (Flink job metric) once it recovered; None when unknown.
     """
 
     kind: str
@@ -91,6 +100,7 @@ class FailureEvent:
     orphans_before_restart: int
     orphans_after_restart: int
     recovery_s: float | None
+    restarts: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +138,7 @@ def _submit(stack: LocalStack, job_py: Path, args: list[str], log: Path) -> str:
     return match.group(1)
 
 
-def _fail(stack: LocalStack, kind: str, rest: str, job_id: str, timeout_s: float) -> FailureEvent:
+def _fail(stack: LocalStack, kind: str, rest: str, job_id: str, plan: FailurePlan) -> FailureEvent:
     started = time.time()
     killed: list[int] = []
     orphans_before = 0
@@ -137,12 +147,14 @@ def _fail(stack: LocalStack, kind: str, rest: str, job_id: str, timeout_s: float
     else:
         killed = kill_taskmanager(stack, with_workers=kind == "tm+workers", busy_only=True)
         orphans_before = len(stack.orphaned_workers())
+        time.sleep(plan.down_s)
         stack.restart_taskmanager()
     orphans_after = len(stack.orphaned_workers())
-    recovered = wait_recovered(rest, job_id, int(started * 1000), timeout_s)
+    recovered = wait_recovered(rest, job_id, int(started * 1000), plan.recovery_timeout_s)
     return FailureEvent(kind=kind, killed_pids=tuple(killed), orphans_before_restart=orphans_before,
                       orphans_after_restart=orphans_after,
-                      recovery_s=None if recovered is None else recovered - started)
+                      recovery_s=None if recovered is None else recovered - started,
+                      restarts=job_restarts(rest, job_id))
 
 
 def run_chaos(
@@ -185,9 +197,12 @@ def run_chaos(
     ingest_records(bootstrap, t_in, records[:chunk], progress=False)
     args = ["--bootstrap-servers", bootstrap, "--input-topic", t_in, "--output-topic", t_out,
             "--dlq-topic", t_dlq, "--model-dir", str(model_dir), "--job-name", f"chaos-{run}",
-            "--checkpoint-interval-ms", str(plan.checkpoint_interval_ms),
-            "--restart-attempts", str(4 * len(kinds) + 10), "--restart-interval-s", "3600",
-            "--restart-delay-s", "1"]  # fmt: skip
+            "--checkpoint-interval-ms", str(plan.checkpoint_interval_ms)]
+    if plan.restart_options is None:  # fmt: skip
+        args += ["--restart-attempts", "1000", "--restart-interval-s", "3600",
+                 "--restart-delay-s", "1", "--restart-max-delay-s", "1"]
+    else:
+        args += list(plan.restart_options)
     submitted = time.time()
     job_id = _submit(stack, job_py, args, work_dir / f"chaos-{run}-submit.log")
     try:
@@ -197,7 +212,7 @@ def run_chaos(
         for i, kind in enumerate(kinds):
             ingest_records(bootstrap, t_in, records[(i + 1) * chunk : (i + 2) * chunk], progress=False)
             time.sleep(plan.pause_s)
-            events.append(_fail(stack, kind, rest, job_id, plan.recovery_timeout_s))
+            events.append(_fail(stack, kind, rest, job_id, plan))
             if on_event is not None:
                 on_event(i, events[-1])
         out = read_topic(bootstrap, t_out, min_count=len(records), timeout_s=plan.drain_timeout_s, quiet_s=10)

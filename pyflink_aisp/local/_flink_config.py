@@ -48,6 +48,7 @@ _BIG_METASPACE_FROM_MB = 2560
 #: are not ``org.apache.flink.`` (parent-first by default). See :func:`write_flink_lib_dir`.
 PARENT_FIRST_PATTERNS = ("org.apache.beam.", "pemja.", "org.kohsuke.args4j.")
 _HEARTBEAT_INTERVAL_MS = 2000  # see render_flink_config (Flink docs: "heartbeat.interval")
+_STANDALONE_STARTUP_MS = 5000  # see render_flink_config ("resourcemanager.standalone.start-up-time")
 
 
 def pyflink_home() -> Path:
@@ -264,9 +265,22 @@ def render_flink_config(config: FlinkClusterConfig, base: Mapping[str, Any]) -> 
             # Flink's 10 s interval made that 15 s of a kill's ~25 s recovery here; 2 s cuts it
             # to ~4 s (heartbeat.timeout, for a hung TaskManager, stays 50 s).
             "heartbeat.interval": _HEARTBEAT_INTERVAL_MS,
+            # A standalone ResourceManager waits for TaskManagers only during its start-up
+            # period (default: slot.request.timeout, 5 min); after it, a slot request no
+            # registered TaskManager can serve fails at once (NoResourceAvailableException), so
+            # each restart while a lost TaskManager is replaced is one more failure. The local
+            # stack is a long-running cluster from its first job on (the chaos bench and the
+            # failure tests meet what users' clusters do).
+            "resourcemanager.standalone.start-up-time": _STANDALONE_STARTUP_MS,
         }
     )
     flat.update(prometheus_settings(config))
+    # the cluster's default restart strategy is the jobs' own (a SQL statement or a job that sets none
+    # gets the same bounded exponential delay: decision record 5); imported here, as `aisp local`
+    # commands need neither pandas nor the pipeline's options otherwise
+    from pyflink_aisp.pipeline import restart_settings
+
+    flat.update(restart_settings(None))
     if config.taskmanager_memory_mb >= _BIG_METASPACE_FROM_MB:
         # every PyFlink job loads the connector and flink-python classes in its own user-code
         # class loader, and not all of it is freed when the job ends: Flink's default 256 MiB

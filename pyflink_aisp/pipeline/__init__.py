@@ -27,12 +27,13 @@ from pyflink_aisp.pipeline._options import (
     Option,
     OptionGroup,
     Precision,
+    RestartStrategy,
     Runner,
     RuntimeMode,
     options_markdown,
 )
 from pyflink_aisp.pipeline._plan import InputPlan, plan_input, rest_url
-from pyflink_aisp.pipeline._settings import flink_settings, format_job_parameters
+from pyflink_aisp.pipeline._settings import flink_settings, format_job_parameters, restart_settings
 
 __all__ = [
     "INFERENCE_OPTIONS",
@@ -46,6 +47,7 @@ __all__ = [
     "OptionGroup",
     "PipelineOptions",
     "Precision",
+    "RestartStrategy",
     "Runner",
     "RuntimeMode",
     "default_bundle_time_ms",
@@ -56,4 +58,5 @@ __all__ = [
     "options_markdown",
     "plan_input",
     "rest_url",
+    "restart_settings",
 ]

@@ -37,6 +37,7 @@ from pyflink_aisp.pipeline._options import (
     Option,
     OptionGroup,
     Precision,
+    RestartStrategy,
     Runner,
     RuntimeMode,
     opt,
@@ -345,7 +346,7 @@ class PipelineOptions(InferenceOptions):
     checkpoint_timeout_ms: int = opt(600_000, J, 'A checkpoint not completed within this long is declined '
         '(execution.checkpointing.timeout).', unit='ms', minimum=1)
     transaction_timeout_ms: int = opt(3_600_000, J, 'Kafka transaction.timeout.ms of the exactly-once '
-        'sinks: at least 2 x (checkpoint interval + checkpoint timeout) + restart delay and 2 x '
+        'sinks: at least 2 x (checkpoint interval + checkpoint timeout) + the longest restart wait and 2 x '
         '--timeout-s, so a transaction outlives a slow checkpoint and a restart; checked against the '
         "brokers' transaction.max.timeout.ms before the job starts.", unit='ms', minimum=1000)
     parallelism: int = opt(1, J, 'Parallelism of the job.', minimum=1)
@@ -355,11 +356,20 @@ class PipelineOptions(InferenceOptions):
         "would not fit in it or in the topic's max.message.bytes (less 1 KiB of record overhead) goes to "
         'the DLQ as oversized_output (at most buffer.memory, 32 MiB, counts).',
         unit='bytes', minimum=33 * 1024)
-    restart_attempts: int = opt(3, J, 'Restart strategy failure-rate: most job failures within '
-        '--restart-interval-s before the job stays FAILED (0: no restart).', minimum=0)
-    restart_interval_s: int = opt(300, J, 'Restart strategy failure-rate: the window of --restart-attempts.',
+    restart_strategy: RestartStrategy = opt(RestartStrategy.EXPONENTIAL_DELAY, J, 'Flink restart strategy: '
+        'exponential-delay (the wait starts at --restart-delay-s and doubles on each failure up to '
+        '--restart-max-delay-s, so the restarts that find no TaskManager while one is replaced are few) or '
+        'failure-rate (a fixed --restart-delay-s wait).')
+    restart_attempts: int = opt(10, J, 'Most restarts before the job stays FAILED: before a '
+        '--restart-interval-s run without failure resets the count (exponential-delay), or within '
+        '--restart-interval-s (failure-rate); 0: no restart.', minimum=0)
+    restart_interval_s: int = opt(600, J, 'Restart strategy: a run this long without failure resets the '
+        'attempts and the wait (exponential-delay); the window of --restart-attempts (failure-rate).',
         unit='s', minimum=1)
-    restart_delay_s: int = opt(10, J, 'Restart strategy: wait before each restart.', unit='s', minimum=0)
+    restart_delay_s: int = opt(5, J, 'Restart strategy: the first wait before a restart '
+        '(exponential-delay), or every wait (failure-rate).', unit='s', minimum=0)
+    restart_max_delay_s: int = opt(60, J, 'Restart strategy exponential-delay: the longest wait before a '
+        'restart (>= --restart-delay-s).', unit='s', minimum=0)
     with_embedding: bool = opt(False, J, 'Also write the 384-float embedding of each record.')
     operator: Runner = opt(Runner.ARROW, J, 'arrow: Arrow batches through a vectorized map (throughput); '
         'async: one coroutine per record (low-rate streams, --ordered).')
@@ -387,12 +397,22 @@ class PipelineOptions(InferenceOptions):
         if len(set(named.values())) < 3:
             raise ConfigError("the input, output and dead-letter topics must differ (a job that reads "
                               f"its own output or dead letters loops without end): {named}")
+        if self.restart_attempts > 2**31 - 1:
+            raise ConfigError(f"--restart-attempts must be <= {2**31 - 1} (a Java int), "
+                              f"got {self.restart_attempts}")
+        if self.restart_strategy is RestartStrategy.EXPONENTIAL_DELAY and self.restart_attempts > 0:
+            if self.restart_delay_s < 1:
+                raise ConfigError("--restart-delay-s must be >= 1 for --restart-strategy exponential-delay "
+                                  "(its first wait, which it doubles)")
+            if self.restart_max_delay_s < self.restart_delay_s:
+                raise ConfigError(f"--restart-max-delay-s ({self.restart_max_delay_s}) must be >= "
+                                  f"--restart-delay-s ({self.restart_delay_s})")
         floor = self.min_transaction_timeout_ms
         if self.transaction_timeout_ms < floor:
             raise ConfigError(f"--transaction-timeout-ms {self.transaction_timeout_ms} is below {floor}: 2 x "
-                              "(--checkpoint-interval-ms + --checkpoint-timeout-ms) + --restart-delay-s, and "
-                              "2 x --timeout-s; a transaction that times out before its checkpoint commits "
-                              "is lost")
+                              "(--checkpoint-interval-ms + --checkpoint-timeout-ms) + the longest restart "
+                              "wait, and 2 x --timeout-s; a transaction that times out before its checkpoint "
+                              "commits is lost")
 
     @property
     def lease_job(self) -> str:
@@ -440,7 +460,15 @@ class PipelineOptions(InferenceOptions):
         Producers and Fault Tolerance": the transaction timeout must exceed the maximum
         checkpoint duration plus the maximum restart duration)."""
         checkpoint_span = 2 * (self.checkpoint_interval_ms + self.checkpoint_timeout_ms)
-        return max(checkpoint_span + 1000 * self.restart_delay_s, 2 * 1000 * self.timeout_s)
+        return max(checkpoint_span + 1000 * self.longest_restart_delay_s, 2 * 1000 * self.timeout_s)
+
+    @property
+    def longest_restart_delay_s(self) -> int:
+        """The longest wait before a restart: ``restart_max_delay_s`` (exponential-delay), else
+        ``restart_delay_s``."""
+        if self.restart_strategy is RestartStrategy.EXPONENTIAL_DELAY:
+            return max(self.restart_delay_s, self.restart_max_delay_s)
+        return self.restart_delay_s
 
     @property
     def transactional_prefix(self) -> str:

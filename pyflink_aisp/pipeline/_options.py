@@ -54,6 +54,13 @@ class RuntimeMode(enum.StrEnum):
     BATCH = "batch"          # bounded at the range's end, one commit at the end
 
 
+class RestartStrategy(enum.StrEnum):
+    """Flink's restart strategy of a job (``--restart-strategy``; ``restart-strategy.type``)."""
+
+    EXPONENTIAL_DELAY = "exponential-delay"  # the wait doubles while failures repeat
+    FAILURE_RATE = "failure-rate"            # a fixed wait, a cap on failures per interval
+
+
 class Runner(enum.StrEnum):
     """How the job's inference operator takes records (``--operator``).
 

@@ -59,6 +59,25 @@ def test_kills_and_a_broker_restart_lose_and_duplicate_nothing(stack, model_asse
     assert status.kafka.ready and status.flink.ready
 
 
+def test_two_losses_within_the_restart_interval_with_the_default_restart_options(
+        stack, model_assets, tmp_path):
+    """Issue 25: two TaskManager losses ~50 s apart, the TaskManager down 25 s each time (a pod
+    rescheduled), no restart flag: each restart that finds no slot fails at once (the local cluster is
+    past its ResourceManager's start-up period, as a long-running one is), yet the job runs again
+    after both, exactly once. The old defaults (failure-rate, 3 per 300 s, 10 s apart) left it FAILED
+    at the second loss (bench/chaos_clustered.py runs both side by side)."""
+    plan = FailurePlan(records=1000, taskmanager_kills=2, broker_restarts=0, down_s=25, pause_s=5,
+                       restart_options=(), recovery_timeout_s=300)
+    result = run_chaos(stack, plan, job_py=JOB, model_dir=model_assets.directory, work_dir=tmp_path)
+
+    assert all(e.recovery_s is not None for e in result.events), result.events
+    restarts = [e.restarts for e in result.events]
+    assert restarts[0] >= 2 and restarts[1] > restarts[0], restarts  # the slot-less restarts did fail
+    assert restarts[1] <= 10, restarts  # within --restart-attempts: the job is RUNNING, not FAILED
+    assert result.lost == [] and result.duplicates == 0 and len(result.output_counts) == 1000
+    assert result.dlq_count == 0
+
+
 def _running(pids):
     """The pids still running (a zombie waiting for its parent's wait() is not)."""
     alive = []

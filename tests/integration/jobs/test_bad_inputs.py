@@ -139,7 +139,7 @@ def test_a_model_that_fails_on_everything_fails_the_job_after_bounded_restarts(
     operator, kafka_bootstrap, topic, model_assets, reviews
 ):
     """9.8 + 9.1: the circuit breaker fails the job instead of dead-lettering the stream; the
-    failure-rate restart strategy ends it after one restart instead of replaying forever.
+    bounded restart strategy (--restart-attempts 1) ends it after one restart instead of replaying forever.
 
     ``--failure-window 10`` makes ``min_records`` 1, so the first failure trips the breaker and
     nothing can be dead-lettered. (With a window of 20, ``min_records`` is 2 and the first failure

@@ -14,7 +14,7 @@ import yaml
 from pyflink_aisp.jars import JarKind, ensure_jars
 from pyflink_aisp.local import pyflink_home
 from pyflink_aisp.local._flink_config import PROMETHEUS_FACTORY
-from pyflink_aisp.pipeline import PipelineOptions
+from pyflink_aisp.pipeline import PipelineOptions, restart_settings
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "docker" / "k8s"
@@ -123,4 +123,20 @@ def test_flinkdeployment_runs_the_image_the_way_the_image_is_built():
     assert options.parallelism == spec["job"]["parallelism"] == 2
     volume = spec["podTemplate"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
     assert volume == _docs("storage.yaml")[0]["metadata"]["name"]
+
     assert spec["serviceAccount"] == _docs("rbac.yaml")[0]["metadata"]["name"]
+
+
+def test_the_cluster_default_restart_strategy_is_the_jobs_own_in_the_deployment_and_the_images():
+    """Issue 25: one set of restart defaults: the job's (flink_settings), the FlinkDeployment's cluster
+    configuration, and the config.yaml every image role and the local stack render."""
+    from pyflink_aisp.deploy._container import container_flink_config
+    from pyflink_aisp.local import render_flink_config
+
+    expected = restart_settings(None)
+    assert expected["restart-strategy.type"] == "exponential-delay"
+    conf = _docs("flinkdeployment.yaml")[0]["spec"]["flinkConfiguration"]
+    assert {k: v for k, v in conf.items() if k.startswith("restart-strategy")} == expected
+    env = {"AISP_JOBMANAGER_HOST": "jobmanager", "AISP_KAFKA_BOOTSTRAP": "kafka:9092"}
+    rendered = yaml.safe_load(render_flink_config(container_flink_config(env), {}))
+    assert {k: str(v) for k, v in rendered.items() if k.startswith("restart-strategy")} == expected

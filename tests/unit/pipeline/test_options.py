@@ -456,27 +456,35 @@ def test_flink_settings_without_a_latency_target() -> None:
         "table.exec.async-scalar.max-concurrent-operations": "64",
         "table.exec.async-scalar.timeout": "600000 ms",
         "table.exec.async-scalar.retry-strategy": "NO_RETRY",
-        "restart-strategy.type": "failure-rate",
-        "restart-strategy.failure-rate.max-failures-per-interval": "3",
-        "restart-strategy.failure-rate.failure-rate-interval": "300 s",
-        "restart-strategy.failure-rate.delay": "10 s",
+        "restart-strategy.type": "exponential-delay",
+        "restart-strategy.exponential-delay.initial-backoff": "5 s",
+        "restart-strategy.exponential-delay.max-backoff": "60 s",
+        "restart-strategy.exponential-delay.backoff-multiplier": "2.0",
+        "restart-strategy.exponential-delay.jitter-factor": "0.1",
+        "restart-strategy.exponential-delay.reset-backoff-threshold": "600 s",
+        "restart-strategy.exponential-delay.attempts-before-reset-backoff": "10",
         "execution.checkpointing.timeout": "600000 ms",
     }
 
 
 def test_the_transaction_timeout_must_outlive_two_checkpoint_spans_a_restart_and_the_record_timeout() -> None:
-    options = job(checkpoint_interval_ms=5_000, checkpoint_timeout_ms=600_000, restart_delay_s=10)
+    options = job(checkpoint_interval_ms=5_000, checkpoint_timeout_ms=600_000, restart_delay_s=10,
+                  restart_max_delay_s=10)
     assert options.min_transaction_timeout_ms == 2 * (5_000 + 600_000) + 10_000 == 1_220_000
+    # the longest wait counts: exponential-delay's max (60 s by default), failure-rate's only delay
+    assert job(checkpoint_interval_ms=5_000).min_transaction_timeout_ms == 2 * 605_000 + 60_000
+    assert job(restart_strategy="failure-rate", restart_delay_s=10).min_transaction_timeout_ms == 1_220_000
     assert job(timeout_s=900).min_transaction_timeout_ms == 1_800_000  # 2 x the record timeout
-    job(transaction_timeout_ms=1_220_000)  # exactly the floor is fine
-    with pytest.raises(ConfigError, match="--transaction-timeout-ms 1219999 is below 1220000"):
-        job(transaction_timeout_ms=1_219_999)
+    job(transaction_timeout_ms=1_270_000)  # exactly the floor of the defaults is fine
+    with pytest.raises(ConfigError, match="--transaction-timeout-ms 1269999 is below 1270000"):
+        job(transaction_timeout_ms=1_269_999)
     with pytest.raises(ConfigError, match="--transaction-timeout-ms 900000 is below 1220000"):
-        job(transaction_timeout_ms=900_000)
+        job(transaction_timeout_ms=900_000, restart_max_delay_s=10, restart_delay_s=10)
 
 
 def test_restart_strategy_is_bounded_and_none_for_zero_attempts() -> None:
-    settings = flink_settings(job(restart_attempts=5, restart_interval_s=60, restart_delay_s=0))
+    settings = flink_settings(job(restart_strategy="failure-rate", restart_attempts=5, restart_interval_s=60,
+                                  restart_delay_s=0))
     assert {k: v for k, v in settings.items() if k.startswith("restart-strategy")} == {
         "restart-strategy.type": "failure-rate",
         "restart-strategy.failure-rate.max-failures-per-interval": "5",
@@ -486,11 +494,33 @@ def test_restart_strategy_is_bounded_and_none_for_zero_attempts() -> None:
     none = flink_settings(job(restart_attempts=0))
     restart = {k: v for k, v in none.items() if k.startswith("restart-strategy")}
     assert restart == {"restart-strategy.type": "none"}
+    exponential = flink_settings(job(restart_attempts=4, restart_interval_s=120, restart_delay_s=1,
+                                     restart_max_delay_s=8))
+    assert {k.rsplit(".", 1)[1]: v for k, v in exponential.items() if ".exponential-delay." in k} == {
+        "initial-backoff": "1 s", "max-backoff": "8 s", "backoff-multiplier": "2.0", "jitter-factor": "0.1",
+        "reset-backoff-threshold": "120 s", "attempts-before-reset-backoff": "4"}
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"restart_delay_s": 0}, "--restart-delay-s must be >= 1 for --restart-strategy exponential-delay"),
+    ({"restart_delay_s": 30, "restart_max_delay_s": 20}, r"--restart-max-delay-s \(20\) must be >= "),
+    ({"restart_attempts": 2**31}, "--restart-attempts must be <= 2147483647"),
+])
+def test_restart_and_dead_letter_options_that_cannot_work_are_refused(fields, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        job(**fields)
+
+
+def test_the_exponential_delay_checks_do_not_refuse_what_another_strategy_or_no_restart_allows() -> None:
+    assert job(restart_strategy="failure-rate", restart_delay_s=120).longest_restart_delay_s == 120
+    assert job(restart_strategy="failure-rate", restart_delay_s=0).restart_delay_s == 0
+    assert flink_settings(job(restart_attempts=0, restart_delay_s=0))["restart-strategy.type"] == "none"
 
 
 @pytest.mark.parametrize("flags", [["--max-failure-rate", "1.5"], ["--max-failure-rate", "0"],
                                    ["--failure-window", "0"], ["--max-request-size", "1000"],
-                                   ["--restart-attempts", "-1"]])
+                                   ["--restart-attempts", "-1"],
+                                   ["--restart-strategy", "fixed-delay"]])
 def test_breaker_sink_and_restart_flags_out_of_range_exit_2(flags: list[str], capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         PipelineOptions.from_args(["--input-topic", "i", "--output-topic", "o", *flags])
