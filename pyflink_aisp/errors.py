@@ -13,6 +13,7 @@ caller can catch one type. Errors carry the context a user needs to act
     │   └── ChecksumError      a file's sha256 differs from the expected one
     ├── DataError              a data set is missing or malformed
     ├── DecodeError            one record could not be decoded (goes to the DLQ)
+    ├── DeadLetterRateError    most records are dead letters (--max-dead-letter-rate): fail the job
     ├── TokenizeError          one input could not be tokenized
     ├── InferenceError         a record got no prediction (batcher closed, timed out)
     │   ├── InferenceTimeoutError  it waited longer than the operator's timeout
@@ -38,6 +39,7 @@ __all__ = [
     "CircuitOpenError",
     "ConfigError",
     "DataError",
+    "DeadLetterRateError",
     "DecodeError",
     "EnvironmentSetupError",
     "InferenceError",
@@ -127,6 +129,15 @@ class InferenceTimeoutError(InferenceError):
 class OperatorNotOpenError(InferenceError, RuntimeError):
     """An operator or SQL function scored a record before its ``open()`` ran: a bug in
     the job, not in a record (a ``RuntimeError`` too)."""
+
+
+class DeadLetterRateError(AispError):
+    """The dead-letter share of a window of records passed ``--max-dead-letter-rate``.
+
+    Raised by :class:`~pyflink_aisp.pipeline._watch.DeadLetterWatch` and left to fail the
+    job; its message is the watch's line (share, top reason, one record's detail, the
+    likely fix).
+    """
 
 
 class CircuitOpenError(InferenceError):

@@ -126,8 +126,10 @@ class DeadLettered:
 
     @classmethod
     def of_error(cls, error: BaseException, **where: Any) -> DeadLettered:
-        """The dead letter of an exception (``where``: id, topic, partition, offset, value)."""
-        return cls(reason=reason_of(error), detail=f"{type(error).__name__}: {error}", **where)
+        """The dead letter of an exception (``where``: id, topic, partition, offset, value); a
+        :class:`~pyflink_aisp.errors.DecodeError`'s detail is its own, any other's ``"Type: message"``."""
+        detail = error.detail if isinstance(error, DecodeError) else f"{type(error).__name__}: {error}"
+        return cls(reason=reason_of(error), detail=detail, **where)
 
     @property
     def key(self) -> str:

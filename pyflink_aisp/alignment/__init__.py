@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from pyflink_aisp.alignment._checkpoint import (
     CheckpointPosition,
+    cancel_job,
     checkpoint_offsets,
     completed_checkpoint,
+    job_exceptions,
     job_id_named,
     job_state,
 )
@@ -62,11 +64,13 @@ __all__ = [
     "TopicOffsets",
     "TopicRange",
     "VerifyReport",
+    "cancel_job",
     "checkpoint_offsets",
     "code_version",
     "compare_outputs",
     "completed_checkpoint",
     "file_sha256",
+    "job_exceptions",
     "job_id_named",
     "job_state",
     "multiset_digest",

@@ -67,6 +67,31 @@ def job_state(rest_url: str, job_id: str, timeout_s: float = 10.0) -> str:
     return str(_get(rest_url, f"/jobs/{job_id}", timeout_s).get("state"))
 
 
+def job_exceptions(rest_url: str, job_id: str, timeout_s: float = 10.0) -> list[str]:
+    """The stack traces of the job's failures so far, newest first (REST
+    ``/jobs/:jobid/exceptions``, ``exceptionHistory``).
+
+    Raises:
+        EnvironmentSetupError: The REST API did not answer.
+    """
+    history = (_get(rest_url, f"/jobs/{job_id}/exceptions", timeout_s).get("exceptionHistory") or {})
+    return [str(e.get("stacktrace") or "") for e in history.get("entries") or []]
+
+
+def cancel_job(rest_url: str, job_id: str, timeout_s: float = 10.0) -> None:
+    """Cancel the job (REST ``PATCH /jobs/:jobid?mode=cancel``).
+
+    Raises:
+        EnvironmentSetupError: The REST API did not answer or refused.
+    """
+    url = f"{rest_url.rstrip('/')}/jobs/{job_id}?mode=cancel"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="PATCH"), timeout=timeout_s):
+            pass
+    except (urllib.error.URLError, OSError) as exc:
+        raise EnvironmentSetupError(f"the Flink REST API at {url} refused the cancel ({exc})") from exc
+
+
 def completed_checkpoint(rest_url: str, job_id: str, timeout_s: float = 10.0) -> tuple[int, int] | None:
     """``(id, completion time in epoch ms)`` of the job's latest completed checkpoint, or None.
 

@@ -186,13 +186,16 @@ class OutcomeTracker:
 
     :meth:`advance` reads each topic up to its last stable offset now: everything a
     checkpoint (or a finished batch run) committed, nothing of an open transaction.
-    With ``job``, only the outcomes that job wrote count (its :data:`JOB_HEADER`).
+    With ``job``, only the outcomes that job wrote count (its :data:`JOB_HEADER`); with
+    ``starts`` (topic → partition → offset), only those at or after these offsets (one
+    run's, when they are the topics' ends before it started).
     Not thread-safe.
     """
 
     def __init__(self, servers: str, input_topic: str, output_topic: str, dlq_topic: str, *,
-                 job: str | None = None) -> None:
+                 job: str | None = None, starts: Mapping[str, Mapping[int, int]] | None = None) -> None:
         self._servers, self._input, self._job = servers, input_topic, job
+        self._starts = {topic: dict(offsets) for topic, offsets in (starts or {}).items()}
         self._topics = (output_topic, dlq_topic)
         self._consumers: dict[str, Consumer] = {}
         self._positions: dict[str, dict[int, int]] = {}
@@ -211,7 +214,7 @@ class OutcomeTracker:
             consumer = self._consumers.get(topic)
             if consumer is None:
                 consumer = self._consumers[topic] = _consumer(self._servers)
-                first = topic_offsets(self._servers, topic).earliest
+                first = {**topic_offsets(self._servers, topic).earliest, **self._starts.get(topic, {})}
                 consumer.assign([TopicPartition(topic, p, first[p]) for p in sorted(ends)])
                 self._positions[topic] = first
             store = self._outcomes[topic]
@@ -248,6 +251,25 @@ class OutcomeTracker:
             output_digest=multiset_digest(output), dlq_digest=multiset_digest(dlq),
             duplicates=sum(1 for n in seen.values() if n > 1), missing=len(inputs - set(seen)),
             model_versions=_model_versions(output))
+
+    def outcome_counts(self, span: TopicRange) -> tuple[int, int]:
+        """``(outputs, dead letters)`` read so far for ``span``'s input records."""
+        output, dlq = (sum(len(vs) for key, vs in self._outcomes[t].items() if span.contains(*key))
+                       for t in self._topics)
+        return output, dlq
+
+    def dead_letter_reasons(self, span: TopicRange) -> Counter[str]:
+        """Reason → count of the dead letters read so far for ``span``'s input records (their
+        JSON ``reason``; ``"?"`` for a value that is not a dead letter's JSON)."""
+        reasons: Counter[str] = Counter()
+        for key, values in self._outcomes[self._topics[1]].items():
+            if span.contains(*key):
+                for value in values:
+                    try:
+                        reasons[str(json.loads(value).get("reason", "?"))] += 1
+                    except (ValueError, AttributeError):
+                        reasons["?"] += 1
+        return reasons
 
     def ends(self) -> dict[int, int]:
         """Per input partition, the offset after the last input record with an outcome read so

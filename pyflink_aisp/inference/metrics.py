@@ -10,7 +10,8 @@ percentiles of the last ``window`` samples for latencies and sizes).
 
 Names (operator metric group ``aisp``; units in the name):
 
-* counts: ``recordsIn``, ``recordsOut``, ``deadLetters`` (per operator);
+* counts: ``recordsIn``, ``recordsOut``, ``deadLetters`` (per operator), with the
+  dead-letter watch's ``deadLetterAlarm`` (0/1) and ``deadLetterSharePercent``;
   ``batches``, ``recordsInferred``, ``inferenceFailures``, ``bisections``,
   ``oomSplits``, ``modelSwaps``, ``modelSwapFailures`` (per worker model);
 * histograms, each as ``<name>P50``, ``<name>P99``, ``<name>Max``:

@@ -22,7 +22,8 @@ Records leave in their input order. A bundle ends after
 ``python.fn-execution.bundle.time``; outputs go to the sinks then.
 
 Metrics (operator group ``aisp``, gauges): ``recordsIn``, ``recordsOut``,
-``deadLetters``, ``arrowBatches``, P50/P99/Max of ``arrowBatchSize``,
+``deadLetters``, ``arrowBatches``, ``deadLetterAlarm`` and ``deadLetterSharePercent``
+(the :class:`~pyflink_aisp.pipeline._watch.DeadLetterWatch`), P50/P99/Max of ``arrowBatchSize``,
 ``serializationUs`` (decode + render per Arrow batch) and ``endToEndUs``
 (per Arrow batch, entry to output), plus the runtime's own (batch sizes,
 queue wait, compute, swaps).
@@ -50,6 +51,7 @@ from pyflink_aisp.outcome import (
     render_dead_letter,
 )
 from pyflink_aisp.pipeline._shell import LeaseOpener, OperatorShell, WorkerSpec
+from pyflink_aisp.pipeline._watch import DeadLetterWatchConfig
 
 __all__ = ["SCORED_ROW_TYPE", "ArrowInferenceFunction", "arrow_inference_udf"]
 
@@ -81,6 +83,7 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
             not count); None: never trips.
         affinity: GPU affinity lease taken in ``open()`` before the model loads
             (:func:`~pyflink_aisp.affinity.open_affinity`); None: none.
+        dead_letters: When the dead-letter watch warns or fails the job (None: its defaults).
         open_lease: Takes the lease (inject a fake in unit tests).
 
     Raises:
@@ -92,12 +95,14 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
                  swap: ModelSwapConfig | None = None, with_embedding: bool = False,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
                  breaker: BreakerConfig | None = None, affinity: AffinitySettings | None = None,
+                 dead_letters: DeadLetterWatchConfig | None = None,
                  open_lease: LeaseOpener = open_affinity) -> None:
         if max_record_bytes < MIN_RECORD_BYTES:
             raise ConfigError(f"max_record_bytes must be >= {MIN_RECORD_BYTES}, got {max_record_bytes}")
         self._task = check_task(handler.task(with_embedding=with_embedding))
         self._max_record_bytes = max_record_bytes
-        spec = WorkerSpec.of(handler, batching=batching, swap=swap, breaker=breaker, affinity=affinity)
+        spec = WorkerSpec.of(handler, batching=batching, swap=swap, breaker=breaker, affinity=affinity,
+                             dead_letters=dead_letters)
         self._shell = OperatorShell(spec, counters=_COUNTERS, windows=_WINDOWS, open_lease=open_lease)
 
     def open(self, function_context: FunctionContext) -> None:
@@ -118,6 +123,8 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
             CircuitOpenError: The circuit breaker tripped (too many inference
                 failures in its window): the job fails and Flink restarts it from
                 the last checkpoint, instead of dead-lettering the stream.
+            DeadLetterRateError: The dead-letter share of the watch's window is above
+                ``--max-dead-letter-rate``.
             OperatorNotOpenError: Called before ``open()``.
         """
         import pandas as pd
@@ -137,34 +144,41 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         rows = [render_dead_letter(d, self._max_record_bytes) if isinstance(d, DeadLettered) else ("", "")
                 for d in decoded]
         dead = [True] * len(decoded)
+        letters = [d for d in decoded if isinstance(d, DeadLettered)]
         failed, last_error = 0, None
         for i, outcome in zip(good, outcomes, strict=True):
             record = decoded[i]
             assert isinstance(record, DecodedRecord)
-            rows[i], error = self._render(record, outcome, raw[i], topics[i], partitions[i], offsets[i])
+            rows[i], error, letter = self._render(record, outcome, raw[i], topics[i], partitions[i],
+                                                  offsets[i])
             dead[i] = error is not None
+            if letter is not None:
+                letters.append(letter)
             if error is not None and reason_of(error) is Reason.INFERENCE_ERROR:
                 failed, last_error = failed + 1, error
         end = time.perf_counter()
         self._record(len(decoded), len(decoded) - sum(dead), start, decoded_s, inferred_s, end)
         self._shell.judge_many(failed, len(good), last_error)
+        self._shell.watch_outcomes(len(decoded), letters)
         sources = [f"{t}/{p}/{o}" for t, p, o in zip(topics, partitions, offsets, strict=True)]
         return pd.DataFrame({"key": [k for k, _ in rows], "value": [v for _, v in rows], "dead": dead,
                              "source": sources})
 
     def _render(self, record: DecodedRecord, outcome: Inferred | BaseException, raw: Any, topic: str,
-                partition: int, offset: int) -> tuple[tuple[str, str], BaseException | None]:
-        """``((key, value), None)`` of a scored record, or its dead letter and the error."""
+                partition: int, offset: int
+                ) -> tuple[tuple[str, str], BaseException | None, DeadLettered | None]:
+        """``((key, value), None, None)`` of a scored record, else its rendered dead letter, the
+        error and the letter."""
         if not isinstance(outcome, BaseException):
             try:
                 return (record.id, render_prediction(self._task, record.id, outcome.prediction,
                                                      outcome.model_version,
-                                                     max_record_bytes=self._max_record_bytes)), None
+                                                     max_record_bytes=self._max_record_bytes)), None, None
             except (OversizedOutputError, InferenceError) as exc:
                 outcome = exc
         letter = DeadLettered.of_error(outcome, id=record.id, topic=topic, partition=partition, offset=offset,
                                        value=_raw_bytes(raw))
-        return render_dead_letter(letter, self._max_record_bytes), outcome
+        return render_dead_letter(letter, self._max_record_bytes), outcome, letter
 
     def _record(self, n: int, scored: int, start: float, decoded: float, inferred: float, end: float) -> None:
         counts, windows = self._shell.counts, self._shell.windows

@@ -18,6 +18,7 @@ per-record futures.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -27,7 +28,9 @@ from pyflink.datastream.functions import AsyncFunction, RuntimeContext
 from pyflink_aisp.affinity import AffinitySettings, open_affinity
 from pyflink_aisp.errors import InferenceTimeoutError
 from pyflink_aisp.inference import BatchingConfig, BreakerConfig, ModelHandler, ModelSwapConfig
+from pyflink_aisp.outcome import DeadLettered
 from pyflink_aisp.pipeline._shell import LeaseOpener, OperatorShell, WorkerSpec
+from pyflink_aisp.pipeline._watch import DeadLetterWatchConfig
 
 __all__ = ["BatchedInferenceFunction"]
 
@@ -64,6 +67,8 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
             None: never trips.
         affinity: GPU affinity lease taken in ``open()`` before the model loads
             (:func:`~pyflink_aisp.affinity.open_affinity`); None: none.
+        dead_letters: When the dead-letter watch warns or fails the job (None: its
+            defaults); it counts every input, dead-lettered or not.
         open_lease: Takes the lease (inject a fake in unit tests).
 
     Metrics: see :mod:`pyflink_aisp.inference.metrics` (group ``aisp``).
@@ -81,18 +86,29 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         prepare: Callable[[IN], Any] | None = None,
         breaker: BreakerConfig | None = None,
         affinity: AffinitySettings | None = None,
+        dead_letters: DeadLetterWatchConfig | None = None,
         open_lease: LeaseOpener = open_affinity,
     ) -> None:
         self._extract = extract
         self._emit = emit
         self._dead_letter = dead_letter
         self._prepare = prepare
-        spec = WorkerSpec.of(handler, batching=batching, swap=swap, breaker=breaker, affinity=affinity)
+        self._timeouts: set[int] = set()  # id() of inputs timeout() answered while they ran on
+        self._timeouts_lock = threading.Lock()
+        spec = WorkerSpec.of(handler, batching=batching, swap=swap, breaker=breaker, affinity=affinity,
+                             dead_letters=dead_letters)
         self._shell = OperatorShell(spec, counters=_COUNTERS, windows=_WINDOWS, open_lease=open_lease)
 
     @property
     def _counts(self) -> dict[str, int]:
         return self._shell.counts
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_timeouts", "_timeouts_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._timeouts, self._timeouts_lock = set(), threading.Lock()
 
     def open(self, runtime_context: RuntimeContext) -> None:
         """Take the lease, acquire the worker's model and register the metrics.
@@ -109,6 +125,8 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         Raises:
             OperatorNotOpenError: Called before ``open()``.
             CircuitOpenError: The breaker opened.
+            DeadLetterRateError: The dead-letter share of the watch's window is above
+                ``--max-dead-letter-rate``.
         """
         shell = self._shell
         runtime = shell.require("BatchedInferenceFunction.async_invoke")
@@ -123,8 +141,12 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         try:
             inferred = await runtime.infer(example)
         except Exception as exc:
+            if self._timed_out(value):
+                return []
             shell.judge(exc)
             return self._dead_or_raise(value, exc)
+        if self._timed_out(value):  # PyFlink emitted its timeout dead letter and ignores this result
+            return []
         shell.judge(None)
         try:
             emitted = time.perf_counter()
@@ -135,16 +157,28 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
         shell.windows["serializationUs"].add((serde + end - emitted) * 1e6)
         shell.windows["endToEndUs"].add((end - start) * 1e6)
         shell.counts["recordsOut"] += 1
+        shell.watch_outcomes(1, ())
         return [out]
 
     def timeout(self, value: IN) -> list[OUT]:
         """A record waited longer than the operator's timeout: dead-letter it
         (reason ``inference_timeout``) when a dead-letter function is set."""
         error = InferenceTimeoutError("the record waited longer than the async operator's timeout")
+        with self._timeouts_lock:
+            self._timeouts.add(id(value))
         self._shell.judge(error)
         if self._dead_letter is None:
             return super().timeout(value)
         return [self._dead(value, error)]
+
+    def _timed_out(self, value: IN) -> bool:
+        """Whether ``timeout`` already answered for ``value`` (PyFlink does not cancel the
+        coroutine): its late outcome must count nowhere, or one record counts twice."""
+        with self._timeouts_lock:
+            if id(value) in self._timeouts:
+                self._timeouts.discard(id(value))
+                return True
+        return False
 
     def _dead_or_raise(self, value: IN, error: Exception) -> list[OUT]:
         """The input's dead letter; without a dead-letter function the error fails the job."""
@@ -155,7 +189,9 @@ class BatchedInferenceFunction(AsyncFunction, Generic[IN, OUT]):
     def _dead(self, value: IN, error: BaseException) -> OUT:
         assert self._dead_letter is not None
         self._shell.counts["deadLetters"] += 1
-        return self._dead_letter(value, error)
+        out = self._dead_letter(value, error)
+        self._shell.watch_outcomes(1, (DeadLettered.of_error(error),))
+        return out
 
     def close(self) -> None:
         """Release the worker's model (freed when its last user closes), then the affinity lease."""

@@ -222,13 +222,14 @@ def _scored_table(
         function = ArrowInferenceFunction(handler, batching=options.batching(), swap=options.swap(),
                                           with_embedding=options.with_embedding,
                                           max_record_bytes=max_record_bytes, breaker=options.breaker(),
-                                          affinity=options.affinity())
+                                          affinity=options.affinity(),
+                                          dead_letters=options.dead_letter_watch())
         return raw.map(arrow_inference_udf(function)).alias("key", "value", "dead", "source")
     scorer = BatchedInferenceFunction(
         handler, batching=options.batching(), prepare=decode_row, extract=_text,
         emit=_async_output(task, max_record_bytes),
         dead_letter=_async_dead_letter(max_record_bytes), swap=options.swap(), breaker=options.breaker(),
-        affinity=options.affinity())
+        affinity=options.affinity(), dead_letters=options.dead_letter_watch())
     wait = AsyncDataStream.ordered_wait if options.ordered else AsyncDataStream.unordered_wait
     stream = wait(t_env.to_data_stream(raw), scorer, Time.seconds(options.timeout_s), options.capacity,
                   SCORED_TYPE).name("decode+tokenize+infer")

@@ -46,6 +46,7 @@ from pyflink_aisp.pipeline._options import (
     render_job_parameter,
     required,
 )
+from pyflink_aisp.pipeline._watch import DeadLetterWatchConfig
 
 __all__ = ["INFERENCE_OPTIONS", "MODEL_DIR_ENV", "OPTIONS", "InferenceOptions", "PipelineOptions",
            "add_flags", "default_bundle_time_ms", "option"]
@@ -378,6 +379,11 @@ class PipelineOptions(InferenceOptions):
         'batch form while the model runs).', unit='records', minimum=1)
     timeout_s: int = opt(600, J, 'async operator: per-record timeout; a record past it is dead-lettered.',
         unit='s', minimum=1)
+    max_dead_letter_rate: float | None = opt(None, J, 'Fail the job once more than this share of a window '
+        'of 1000 records are dead letters (as soon as the window cannot end below it), with the line that '
+        'names the top reason and the likely fix; an attached flink run cancels the job then. Above 0.5 '
+        '(or this share, if lower) that line is logged as a warning either way (none: never fail).',
+        nullable=True, minimum=0.0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -397,6 +403,9 @@ class PipelineOptions(InferenceOptions):
         if len(set(named.values())) < 3:
             raise ConfigError("the input, output and dead-letter topics must differ (a job that reads "
                               f"its own output or dead letters loops without end): {named}")
+        if self.max_dead_letter_rate is not None and self.max_dead_letter_rate >= 1:
+            raise ConfigError(f"--max-dead-letter-rate must be < 1 (a share that can be passed), "
+                              f"got {self.max_dead_letter_rate}")
         if self.restart_attempts > 2**31 - 1:
             raise ConfigError(f"--restart-attempts must be <= {2**31 - 1} (a Java int), "
                               f"got {self.restart_attempts}")
@@ -413,6 +422,13 @@ class PipelineOptions(InferenceOptions):
                               "(--checkpoint-interval-ms + --checkpoint-timeout-ms) + the longest restart "
                               "wait, and 2 x --timeout-s; a transaction that times out before its checkpoint "
                               "commits is lost")
+
+    def dead_letter_watch(self) -> DeadLetterWatchConfig:
+        """The dead-letter watch of the job's operator: it warns above a share of 0.5 (or
+        ``max_dead_letter_rate`` if lower) and fails the job above ``max_dead_letter_rate``."""
+        limit = self.max_dead_letter_rate
+        warn = DeadLetterWatchConfig().warn_share
+        return DeadLetterWatchConfig(warn_share=warn if limit is None else min(warn, limit), max_share=limit)
 
     @property
     def lease_job(self) -> str:

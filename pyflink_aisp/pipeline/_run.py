@@ -1,12 +1,17 @@
 """``run_job``: submit the packaged job, wait for it, and write its run manifests.
 
 A BATCH run resolves its input range first (:func:`~pyflink_aisp.pipeline.plan_input`),
-reads exactly that range, and with ``--manifest-dir`` writes one manifest when it
-ends. A stream with ``--manifest-dir`` writes one for each completed checkpoint
-that the submitting client sees (it polls the Flink REST API about once a second
-while it runs attached; a client started with ``flink run -d`` returns at once and
-writes none): the range from where the stream started to the checkpoint's
-offsets, with the counts and digests of the outcomes committed for it.
+reads exactly that range, says when it ends how many records of it were scored and
+dead-lettered and why (one line; a second with the likely fix when most were dead
+letters), and with ``--manifest-dir`` writes one manifest. With ``--max-dead-letter-rate``
+a client submitted with ``flink run`` (attached) cancels the job at its first
+:class:`~pyflink_aisp.errors.DeadLetterRateError` and exits 1 with its line (each
+restart would replay the same records into the same failure). A stream with
+``--manifest-dir`` writes one for each completed checkpoint that the submitting
+client sees (it polls the Flink REST API about once a second while it runs attached;
+a client started with ``flink run -d`` returns at once and writes none): the range
+from where the stream started to the checkpoint's offsets, with the counts and
+digests of the outcomes committed for it.
 """
 
 from __future__ import annotations
@@ -30,18 +35,19 @@ from pyflink_aisp.alignment import (
 )
 from pyflink_aisp.errors import AispError, ConfigError
 from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.outcome import Reason
 from pyflink_aisp.pipeline._build import build_pipeline, make_environment
 from pyflink_aisp.pipeline._config import PipelineOptions
+from pyflink_aisp.pipeline._failfast import TERMINAL, check_dead_letter_rate, wait_failing_fast
 from pyflink_aisp.pipeline._handlers import model_assets
 from pyflink_aisp.pipeline._plan import InputPlan, group_or_earliest, plan_input, rest_url
+from pyflink_aisp.pipeline._watch import likely_fix
 
 __all__ = ["model_files", "run_job"]
 
 #: Configuration keys that tell where and how the job is submitted.
 _CLIENT_KEYS = ("execution.target", "execution.attached", "rest.address", "rest.port",
                 "jobmanager.rpc.address")
-#: Flink job states after which a job does not run again (``JobStatus.isGloballyTerminalState``).
-_TERMINAL = frozenset({"FINISHED", "CANCELED", "FAILED"})
 
 
 def model_files(options: PipelineOptions) -> dict[str, str]:
@@ -93,6 +99,7 @@ def run_job(options: PipelineOptions, handler: ModelHandler[Any, Any, Any] | Non
         if options.manifest_dir and not options.bounded and not remote:
             raise ConfigError("stream manifests need the Flink REST API: submit with `flink run` or pass "
                               "--flink-rest-url")
+        before = _topic_ends(options) if options.bounded else {}
         result = build_pipeline(t_env, options, handler, plan=plan)
         client = result.get_job_client()
         job_id = str(client.get_job_id()) if client is not None else "?"
@@ -100,12 +107,17 @@ def run_job(options: PipelineOptions, handler: ModelHandler[Any, Any, Any] | Non
             f"output {options.output_topic}, dead letters {options.dlq}")
         if config.get("execution.attached", "true") == "false":
             return 0  # `flink run -d`: the job runs on; stop it with `flink stop`
+        fail_fast = options.max_dead_letter_rate is not None and config.get("execution.target") == "remote"
         if not options.bounded and options.manifest_dir is not None:
-            _watch_checkpoints(options, plan, files, rest_url(options, config), job_id, say)
+            _watch_checkpoints(options, plan, files, rest_url(options, config), job_id, say, fail_fast)
+        if fail_fast:
+            wait_failing_fast(rest_url(options, config), job_id)
         result.wait()
-        say(f"job {job_id} finished in {time.perf_counter() - start:.1f} s")
-        if options.bounded and options.manifest_dir is not None and plan.span is not None:
-            _write_batch_manifest(options, plan.span, files, say)
+        took = f"job {job_id} finished in {time.perf_counter() - start:.1f} s"
+        if options.bounded and plan.span is not None:
+            _batch_summary(options, plan.span, files, took, say, before)
+        else:
+            say(took)
     except AispError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -116,10 +128,48 @@ def _describe(span: TopicRange) -> str:
     return f"{span.topic} " + " ".join(f"[{p.partition}]:{p.start}-{p.end}" for p in span.partitions)
 
 
+def _topic_ends(options: PipelineOptions) -> dict[str, dict[int, int]]:
+    """The output and dead-letter topics' ends now (none for a topic not there yet)."""
+    ends = {}
+    for topic in (options.output_topic, options.dlq):
+        try:
+            ends[topic] = dict(topic_offsets(options.servers, topic).latest)
+        except AispError:
+            continue
+    return ends
+
+
+def _batch_summary(options: PipelineOptions, span: TopicRange, files: dict[str, str], took: str,
+                   say: Callable[[str], None], before: dict[str, dict[int, int]]) -> None:
+    """Say what this batch run wrote for its range (outcomes past ``before``, the topics' ends
+    when it started: in, out, dead letters by reason, and the likely fix when most were dead
+    letters); with ``--manifest-dir`` write its manifest (every outcome of the job for the range)."""
+    if options.manifest_dir is not None:
+        _write_batch_manifest(options, span, files, say)
+    tracker = OutcomeTracker(options.servers, span.topic, options.output_topic, options.dlq, job=options.name,
+                             starts=before)
+    try:
+        tracker.advance()
+        counts = tracker.outcome_counts(span)
+        reasons = tracker.dead_letter_reasons(span)
+    except AispError as exc:
+        say(f"{took} (its outcomes could not be counted: {exc})")
+        return
+    finally:
+        tracker.close()
+    out, dead = counts
+    inputs = out + dead  # one outcome per input record, exactly once
+    why = f" ({', '.join(f'{r} {n}' for r, n in reasons.most_common())})" if reasons else ""
+    say(f"{took}: {inputs} in, {out} out, {dead} dead letters{why}")
+    if inputs and dead / inputs > options.dead_letter_watch().warn_share and reasons:
+        top = reasons.most_common(1)[0][0]
+        fix = likely_fix(Reason(top)) if top in set(Reason) else "see the dead letters' detail"
+        say(f"warning: {100 * dead / inputs:.0f} % of the range was dead-lettered, most as {top}: {fix}")
+
+
 def _write_batch_manifest(options: PipelineOptions, span: TopicRange, files: dict[str, str],
                           say: Callable[[str], None]) -> None:
-    servers = options.servers
-    tracker = OutcomeTracker(servers, span.topic, options.output_topic, options.dlq, job=options.name)
+    tracker = OutcomeTracker(options.servers, span.topic, options.output_topic, options.dlq, job=options.name)
     try:
         tracker.advance()
         manifest = _manifest(options, span, tracker, files, None)
@@ -149,15 +199,19 @@ def _checkpoint_manifest(options: PipelineOptions, starts: dict[int, int], files
 
 
 def _watch_checkpoints(options: PipelineOptions, plan: InputPlan, files: dict[str, str], rest: str,
-                       job_id: str, say: Callable[[str], None]) -> None:
-    """Write a manifest for each newly completed checkpoint until the job ends."""
+                       job_id: str, say: Callable[[str], None], fail_fast: bool = False) -> None:
+    """Write a manifest for each newly completed checkpoint until the job ends (with
+    ``fail_fast``, cancel it at its first dead-letter-rate failure:
+    :func:`~pyflink_aisp.pipeline._failfast.check_dead_letter_rate`)."""
     servers = options.servers
     topic = options.input_topic
     assert plan.stream_starts is not None and options.manifest_dir is not None
     tracker = OutcomeTracker(servers, topic, options.output_topic, options.dlq, job=options.name)
     written, failed = None, None
     try:
-        while job_state(rest, job_id) not in _TERMINAL:
+        while job_state(rest, job_id) not in TERMINAL:
+            if fail_fast:
+                check_dead_letter_rate(rest, job_id)
             latest = completed_checkpoint(rest, job_id)
             if latest is not None and latest[0] != written:
                 try:

@@ -12,10 +12,12 @@ functions of :mod:`pyflink_aisp.pipeline.sql`) lives the same way, owned by an
     2. the worker's shared model (:meth:`ModelRuntime.acquire
        <pyflink_aisp.inference.ModelRuntime.acquire>` under the handler's
        :func:`~pyflink_aisp.inference.handler_key`, taken where the handler was built);
-    3. the circuit breaker (:class:`~pyflink_aisp.inference.FailureRateBreaker`);
+    3. the circuit breaker (:class:`~pyflink_aisp.inference.FailureRateBreaker`) and the
+       dead-letter watch (:class:`~pyflink_aisp.pipeline._watch.DeadLetterWatch`);
     4. the metrics (operator group ``aisp``): the operator's counters as gauges,
-       its windows as P50/P99/Max gauges, then the runtime's, the breaker's and
-       the lease's own; none when ``python.metric.enabled`` is false.
+       its windows as P50/P99/Max gauges, ``deadLetterAlarm`` (0/1) and
+       ``deadLetterSharePercent`` (the watch's last judged window), then the runtime's,
+       the breaker's and the lease's own; none when ``python.metric.enabled`` is false.
 
 ``close()``
     releases in reverse order: the model (freed when the worker's last user
@@ -47,6 +49,8 @@ from pyflink_aisp.inference import (
     handler_key,
 )
 from pyflink_aisp.inference.metrics import Window, bind_breaker_metrics, register_window
+from pyflink_aisp.outcome import DeadLettered
+from pyflink_aisp.pipeline._watch import DeadLetterWatch, DeadLetterWatchConfig
 
 __all__ = ["LeaseOpener", "OperatorShell", "WorkerSpec"]
 
@@ -64,6 +68,8 @@ class WorkerSpec:
         swap: Hot-swap pointer to poll; None: never swap.
         breaker: Circuit breaker over inference failures; None: never trips.
         affinity: GPU affinity lease taken before the model loads; None: none.
+        dead_letters: When the dead-letter watch warns or fails the job (None: the
+            defaults of :class:`~pyflink_aisp.pipeline._watch.DeadLetterWatchConfig`).
         key: The handler's :func:`~pyflink_aisp.inference.handler_key`; use
             :meth:`of`, which takes it where the handler is built (a handler sent by
             value has another key after unpickling). Empty: computed in ``open``.
@@ -74,15 +80,17 @@ class WorkerSpec:
     swap: ModelSwapConfig | None = None
     breaker: BreakerConfig | None = None
     affinity: AffinitySettings | None = None
+    dead_letters: DeadLetterWatchConfig | None = None
     key: str = ""
 
     @classmethod
     def of(cls, handler: ModelHandler[Any, Any, Any], *, batching: BatchingConfig,
            swap: ModelSwapConfig | None = None, breaker: BreakerConfig | None = None,
-           affinity: AffinitySettings | None = None) -> WorkerSpec:
+           affinity: AffinitySettings | None = None,
+           dead_letters: DeadLetterWatchConfig | None = None) -> WorkerSpec:
         """The spec, with the handler's key taken here (call it on the job's client)."""
         return cls(handler=handler, batching=batching, swap=swap, breaker=breaker, affinity=affinity,
-                   key=handler_key(handler))
+                   dead_letters=dead_letters, key=handler_key(handler))
 
 
 def _metric_group(context: Any) -> Any:
@@ -113,6 +121,7 @@ class OperatorShell:
         windows: Window name → :class:`~pyflink_aisp.inference.metrics.Window`.
         runtime: The worker's model after ``open``, else None.
         breaker: The circuit breaker after ``open``, None when not configured.
+        watch: The dead-letter watch (rebuilt in ``open``).
         affinity: The lease after ``open``, None when not configured.
 
     Thread-safety: ``open``/``close`` on the operator's thread; the counts are
@@ -129,6 +138,7 @@ class OperatorShell:
         self.windows: dict[str, Window] = {name: Window() for name in self._window_names}
         self.runtime: ModelRuntime | None = None
         self.breaker: FailureRateBreaker | None = None
+        self.watch = DeadLetterWatch()
         self.affinity: WorkerAffinity | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -162,6 +172,7 @@ class OperatorShell:
             runtime = self.runtime = ModelRuntime.acquire(spec.handler, spec.batching, swap=spec.swap,
                                                           key=spec.key or None)
             self.breaker = None if spec.breaker is None else FailureRateBreaker(spec.breaker)
+            self.watch = DeadLetterWatch(spec.dead_letters)
             self._bind_metrics(_metric_group(context))
         except BaseException:  # release what was taken: Flink need not call close() after a failed open
             self.close()
@@ -175,6 +186,8 @@ class OperatorShell:
             group.gauge(name, self._count_reader(name))
         for name, window in self.windows.items():
             register_window(group, name, window)
+        group.gauge("deadLetterAlarm", lambda: int(self.watch.alarm))
+        group.gauge("deadLetterSharePercent", lambda: round(100 * self.watch.last_share))
         assert self.runtime is not None
         self.runtime.bind_metrics(group)
         if self.breaker is not None:
@@ -216,6 +229,14 @@ class OperatorShell:
         """
         if self.breaker is not None:
             self.breaker.record_many(failed, total, last)
+
+    def watch_outcomes(self, total: int, letters: Sequence[DeadLettered]) -> None:
+        """Count ``total`` outcomes in the dead-letter watch, ``letters`` the dead letters among them.
+
+        Raises:
+            DeadLetterRateError: The window's dead-letter share is above ``--max-dead-letter-rate``.
+        """
+        self.watch.record(total, letters)
 
     def close(self) -> None:
         """Release the model, then the lease (the reverse of ``open``); idempotent."""

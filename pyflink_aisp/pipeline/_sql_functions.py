@@ -71,7 +71,7 @@ from pyflink.table.udf import AsyncScalarFunction, FunctionContext, ScalarFuncti
 from pyflink_aisp.errors import ConfigError, InferenceError
 from pyflink_aisp.inference import Inferred, ModelHandler, ModelRuntime
 from pyflink_aisp.inference.tasks import OutputField, SentimentTask, SqlType, Task, render_fields
-from pyflink_aisp.outcome import MAX_DETAIL_CHARS, reason_of, sentiment_label
+from pyflink_aisp.outcome import MAX_DETAIL_CHARS, DeadLettered, reason_of, sentiment_label
 from pyflink_aisp.pipeline._config import InferenceOptions
 from pyflink_aisp.pipeline._handlers import handler_for
 from pyflink_aisp.pipeline._shell import OperatorShell, WorkerSpec
@@ -157,8 +157,9 @@ class _SharedModel(OperatorShell):
     ``defaults`` crosses.
 
     Metrics (operator metric group ``aisp``): per operator ``recordsIn``,
-    ``recordsOut`` (rows scored), ``nullInputs``, ``deadLetters`` (rows with an
-    a ``reason``), ``endToEndUs`` (P50/P99/Max: ``eval`` entry to its row built;
+    ``recordsOut`` (rows scored), ``nullInputs``, ``deadLetters`` (rows with
+    a ``reason``), ``deadLetterAlarm`` and ``deadLetterSharePercent`` (the dead-letter
+    watch over the non-null rows, warning only), ``endToEndUs`` (P50/P99/Max: ``eval`` entry to its row built;
     for the pandas function per Arrow batch); per worker model, everything
     :meth:`ModelRuntime.bind_metrics` registers.
     """
@@ -327,6 +328,7 @@ class AsyncSentimentFunction(AsyncScalarFunction):  # type: ignore[misc]
         values, error = _row_of(outcome, shared.version())
         shared.counts["deadLetters" if error is not None else "recordsOut"] += 1
         shared.judge(error)  # CircuitOpenError fails the job: Flink restarts it
+        shared.watch_outcomes(1, () if error is None else (DeadLettered.of_error(error),))
         shared.e2e_us.add((time.perf_counter() - start) * 1e6)
         return Row(*values)
 
@@ -378,6 +380,7 @@ class PandasSentimentFunction(ScalarFunction):  # type: ignore[misc]
         shared.e2e_us.add((time.perf_counter() - start) * 1e6)
         # CircuitOpenError fails the job: Flink restarts it
         shared.judge_many(len(errors), len(outcomes), errors[-1] if errors else None)
+        shared.watch_outcomes(len(positions), [DeadLettered.of_error(e) for e in errors])
         frame = pd.DataFrame(rows, columns=_COLUMNS, dtype=object)
         for field in _TASK.fields:
             if field.sql_type is SqlType.DOUBLE:

@@ -107,3 +107,52 @@ def test_taskmanager_endpoint_serves_the_jobs_aisp_metrics(stack, model_assets):
         assert metrics["flink_taskmanager_job_task_operator_aisp_modelLoadTimeMs"][0] > 0
     finally:
         subprocess.run([cmd[0], "cancel", job_id], env=stack.flink_env(), capture_output=True, timeout=120)
+
+
+ALARM = "flink_taskmanager_job_task_operator_aisp_deadLetterAlarm"
+DEAD_LETTERS = "flink_taskmanager_job_task_operator_aisp_deadLetters"
+
+
+def test_a_stream_of_another_shape_raises_the_dead_letter_alarm_in_its_first_seconds(stack, model_assets):
+    """Issue 25: {"review_id", "body"} records: the alarm gauge is 1 and the dead-letter count non-zero
+    after the first 150 records (judged from the 100th, not at the end of a 1,000-record window), and the
+    TaskManager log has the one warning line."""
+    bootstrap = str(stack.status().bootstrap_servers)
+    t_in, t_out = "prom-foreign", "prom-foreign-scores"
+    create_topics(bootstrap, [t_in, t_out])
+    cmd = stack.flink_run_command(
+        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap,
+        "--input-topic", t_in, "--output-topic", t_out, "--model-dir", str(model_assets.directory),
+        "--checkpoint-interval-ms", "1000", "--job-name", "foreign-stream",
+    )  # fmt: skip
+    cmd.insert(cmd.index("run") + 1, "-d")
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job_id = re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
+    try:
+        n = 150
+        records = [{"review_id": r.id, "body": r.text} for r in load_rotten_tomatoes()[:n]]
+        assert ingest_records(bootstrap, t_in, records, progress=False).delivered == n
+        tm_url = _wait_for_job_metrics(stack.status().prometheus_urls)  # gauges come with the first bundle
+        metrics = _wait_for_total(tm_url, DEAD_LETTERS, float(n), deadline_s=120)
+        assert sum(metrics[DEAD_LETTERS]) == sum(metrics[RECORDS_IN]) == n
+        assert sum(metrics[ALARM]) == 1
+        logs = "\n".join(p.read_text(errors="replace")
+                         for p in stack.flink_config().log_dir.glob("*taskexecutor*"))
+        warnings = [line for line in logs.splitlines() if "records were dead-lettered" in line]
+        assert warnings and all("as missing_text (no 'text' field; the object's fields: 'body', 'review_id')"
+                                in line for line in warnings), warnings
+        assert len(warnings) == 1  # one line, not one per batch
+    finally:
+        subprocess.run([cmd[0], "cancel", job_id], env=stack.flink_env(), capture_output=True, timeout=120)
+
+
+def _wait_for_job_metrics(urls: tuple[str, ...], deadline_s: float = 120) -> str:
+    """The endpoint that serves a job's aisp metrics, once one does (the operator opened)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        for url in urls:
+            if any("_aisp_" in k for k in _scrape(url)):
+                return url
+        assert time.monotonic() < end, f"no aisp metrics on {urls} after {deadline_s} s"
+        time.sleep(1.0)

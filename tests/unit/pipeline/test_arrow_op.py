@@ -12,11 +12,18 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from pyflink_aisp.errors import CircuitOpenError, ConfigError, ModelError, OperatorNotOpenError
+from pyflink_aisp.errors import (
+    CircuitOpenError,
+    ConfigError,
+    DeadLetterRateError,
+    ModelError,
+    OperatorNotOpenError,
+)
 from pyflink_aisp.inference import BatchingConfig, BreakerConfig, ModelHandler, ModelRuntime
 from pyflink_aisp.inference.tasks import OutputField, SqlType, Task
 from pyflink_aisp.outcome import MIN_RECORD_BYTES
 from pyflink_aisp.pipeline._shell import OperatorShell, WorkerSpec
+from pyflink_aisp.pipeline._watch import DeadLetterWatchConfig
 from pyflink_aisp.pipeline.flink import ArrowInferenceFunction
 
 SHA = "e" * 64
@@ -265,3 +272,28 @@ def test_an_open_that_fails_after_the_model_loaded_gives_model_and_lease_back(op
         shell.open(context)
     assert opener.events == ["lease taken, runtimes: 0", "lease closed, runtimes left: 0"]
     assert shell.runtime is None and shell.affinity is None and not ModelRuntime._registry
+
+
+def test_a_topic_of_another_shape_raises_the_alarm_in_its_first_batch_and_fails_past_the_limit(
+        opener, caplog) -> None:
+    foreign = [json.dumps({"review_id": f"r{i}", "body": "fine"}).encode() for i in range(120)]
+    function, context = _opened(opener)
+    try:
+        with caplog.at_level("WARNING", logger="pyflink_aisp.dead_letters"):
+            assert function.eval(_frame(foreign))["dead"].all()
+        gauges = {name: read() for name, read in context.group.gauges.items()}
+    finally:
+        function.close()
+    assert (gauges["deadLetterAlarm"], gauges["deadLetterSharePercent"]) == (1, 100)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "120 as missing_text (no 'text' field; the object's fields: 'body', 'review_id')" in line
+
+    watch = DeadLetterWatchConfig(warn_share=0.5, max_share=0.5, window=200, min_records=100)
+    strict, _ = _opened(opener, dead_letters=watch)
+    try:
+        ok = [_record(f"g{i}", "good") for i in range(60)]
+        strict.eval(_frame(ok + foreign[:50]))  # 50 dead: at most 140 of the window's 200, nothing raised
+        with pytest.raises(DeadLetterRateError, match=r"^61 % of the last 180 records .* 110 as missing"):
+            strict.eval(_frame(foreign[:60] + ok[:10]))  # 110 dead: above half of 200 whatever follows
+    finally:
+        strict.close()

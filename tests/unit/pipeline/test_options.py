@@ -504,6 +504,7 @@ def test_restart_strategy_is_bounded_and_none_for_zero_attempts() -> None:
 @pytest.mark.parametrize(("fields", "message"), [
     ({"restart_delay_s": 0}, "--restart-delay-s must be >= 1 for --restart-strategy exponential-delay"),
     ({"restart_delay_s": 30, "restart_max_delay_s": 20}, r"--restart-max-delay-s \(20\) must be >= "),
+    ({"max_dead_letter_rate": 1.0}, "--max-dead-letter-rate must be < 1"),
     ({"restart_attempts": 2**31}, "--restart-attempts must be <= 2147483647"),
 ])
 def test_restart_and_dead_letter_options_that_cannot_work_are_refused(fields, message) -> None:
@@ -517,9 +518,17 @@ def test_the_exponential_delay_checks_do_not_refuse_what_another_strategy_or_no_
     assert flink_settings(job(restart_attempts=0, restart_delay_s=0))["restart-strategy.type"] == "none"
 
 
+def test_the_dead_letter_watch_warns_at_half_or_at_the_failure_share_if_lower() -> None:
+    assert (job().dead_letter_watch().warn_share, job().dead_letter_watch().max_share) == (0.5, None)
+    strict = job(max_dead_letter_rate=0.2).dead_letter_watch()
+    assert (strict.warn_share, strict.max_share) == (0.2, 0.2)
+    lax = job(max_dead_letter_rate=0.9).dead_letter_watch()
+    assert (lax.warn_share, lax.max_share) == (0.5, 0.9)
+
+
 @pytest.mark.parametrize("flags", [["--max-failure-rate", "1.5"], ["--max-failure-rate", "0"],
                                    ["--failure-window", "0"], ["--max-request-size", "1000"],
-                                   ["--restart-attempts", "-1"],
+                                   ["--restart-attempts", "-1"], ["--max-dead-letter-rate", "-0.1"],
                                    ["--restart-strategy", "fixed-delay"]])
 def test_breaker_sink_and_restart_flags_out_of_range_exit_2(flags: list[str], capsys) -> None:
     with pytest.raises(SystemExit) as exc:

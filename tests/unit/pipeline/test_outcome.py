@@ -77,7 +77,7 @@ def test_of_error_takes_reason_and_detail_from_the_exception() -> None:
     letter = DeadLettered.of_error(DecodeError("invalid_json", "Expecting value"), topic="t", partition=1,
                                    offset=7, value=b"{")
     assert letter == DeadLettered(reason=Reason.INVALID_JSON,
-                                  detail="DecodeError: invalid_json: Expecting value",
+                                  detail="Expecting value",  # a decode error's own, as the decoder's letters
                                   topic="t", partition=1, offset=7, value=b"{")
     timeout = DeadLettered.of_error(InferenceTimeoutError("late"), id="r1")
     assert timeout.reason is Reason.INFERENCE_TIMEOUT and timeout.detail == "InferenceTimeoutError: late"
