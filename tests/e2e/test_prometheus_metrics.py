@@ -61,6 +61,20 @@ def _wait_for_total(url: str, name: str, total: float, deadline_s: float) -> dic
     return metrics
 
 
+def _submit_stream(stack, model_assets, bootstrap: str, t_in: str, t_out: str,
+                   *flags: str) -> tuple[list[str], str]:
+    """`flink run -d` of the streaming job; the command and the job id."""
+    cmd = stack.flink_run_command(
+        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap,
+        "--input-topic", t_in, "--output-topic", t_out, "--model-dir", str(model_assets.directory),
+        "--checkpoint-interval-ms", "1000", *flags,
+    )  # fmt: skip
+    cmd.insert(cmd.index("run") + 1, "-d")
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return cmd, re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, stack_config, running_stack):
     config = stack_config(tmp_path_factory.mktemp("prom"))
@@ -84,15 +98,7 @@ def test_taskmanager_endpoint_serves_the_jobs_aisp_metrics(stack, model_assets):
     reviews = load_rotten_tomatoes()[:N]
     records = [{"id": r.id, "text": r.text} for r in reviews]
     assert ingest_records(bootstrap, t_in, records, progress=False).delivered == N
-    cmd = stack.flink_run_command(
-        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap,
-        "--input-topic", t_in, "--output-topic", t_out, "--model-dir", str(model_assets.directory),
-        "--checkpoint-interval-ms", "1000",
-    )  # fmt: skip
-    cmd.insert(cmd.index("run") + 1, "-d")
-    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    job_id = re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
+    cmd, job_id = _submit_stream(stack, model_assets, bootstrap, t_in, t_out)
     try:
         assert len(read_topic(bootstrap, t_out, min_count=N, timeout_s=180, quiet_s=2)) == N
         by_url = {url: _scrape(url) for url in stack.status().prometheus_urls}
@@ -120,15 +126,7 @@ def test_a_stream_of_another_shape_raises_the_dead_letter_alarm_in_its_first_sec
     bootstrap = str(stack.status().bootstrap_servers)
     t_in, t_out = "prom-foreign", "prom-foreign-scores"
     create_topics(bootstrap, [t_in, t_out])
-    cmd = stack.flink_run_command(
-        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap,
-        "--input-topic", t_in, "--output-topic", t_out, "--model-dir", str(model_assets.directory),
-        "--checkpoint-interval-ms", "1000", "--job-name", "foreign-stream",
-    )  # fmt: skip
-    cmd.insert(cmd.index("run") + 1, "-d")
-    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    job_id = re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
+    cmd, job_id = _submit_stream(stack, model_assets, bootstrap, t_in, t_out, "--job-name", "foreign-stream")
     try:
         n = 150
         records = [{"review_id": r.id, "body": r.text} for r in load_rotten_tomatoes()[:n]]
