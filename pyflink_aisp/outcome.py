@@ -190,7 +190,7 @@ def render_dead_letter(letter: DeadLettered, max_record_bytes: int) -> tuple[str
 
 def render_scored(
     record_id: str, fields: Mapping[str, Any], model_version: str, *,
-    extra: Mapping[str, Any] | None = None, max_record_bytes: int,
+    extra: Mapping[str, Any] | None = None, kept: Mapping[str, Any] | None = None, max_record_bytes: int,
 ) -> str:
     """The output value of a scored record (:func:`scored_json`), checked against the sink.
 
@@ -200,6 +200,7 @@ def render_scored(
             (:meth:`pyflink_aisp.inference.Task.render`), without the extra ones.
         model_version: sha256 of the model that scored it.
         extra: The extra fields the job asked for (written after ``model_sha256``).
+        kept: The input record's fields the job keeps (written after ``id``).
         max_record_bytes: Most UTF-8 bytes of key + value the sink can write.
 
     Raises:
@@ -210,7 +211,7 @@ def render_scored(
             model failure, reason ``inference_error``.
     """
     try:
-        value = scored_json(record_id, fields, model_version, extra=extra)
+        value = scored_json(record_id, fields, model_version, extra=extra, kept=kept)
     except ValueError as exc:
         raise InferenceError(f"the model's output is not finite (NaN or infinity; not JSON, RFC 8259 "
                              f"section 6): {exc}") from exc
@@ -229,7 +230,8 @@ def sentiment_label(score: float) -> str:
 
 
 def scored_json(
-    record_id: str, fields: Mapping[str, Any], model_version: str, *, extra: Mapping[str, Any] | None = None
+    record_id: str, fields: Mapping[str, Any], model_version: str, *, extra: Mapping[str, Any] | None = None,
+    kept: Mapping[str, Any] | None = None,
 ) -> str:
     """The output value of a scored record.
 
@@ -238,9 +240,10 @@ def scored_json(
         fields: The prediction's fields (JSON-able values), in their order.
         model_version: sha256 of the model that scored it.
         extra: Extra fields the job asked for, after ``model_sha256``.
+        kept: Fields of the input record the job keeps, after ``id`` (unchanged JSON values).
 
     Returns:
-        ASCII JSON ``{"id", <fields>..., "model_sha256", <extra>...}``: for the
+        ASCII JSON ``{"id", <kept>..., <fields>..., "model_sha256", <extra>...}``: for the
         sentiment model ``{"id", "label", "score", "model_sha256"}`` (then
         ``"embedding"`` with ``--with-embedding``); for an encoder ``{"id",
         "embedding", "model_sha256"}``.
@@ -249,7 +252,7 @@ def scored_json(
         ValueError: A value is NaN or infinite (not JSON).
         TypeError: A value is not JSON-able (e.g. a numpy scalar).
     """
-    doc = {"id": record_id, **fields, "model_sha256": model_version}
+    doc = {"id": record_id, **(kept or {}), **fields, "model_sha256": model_version}
     if extra:
         doc.update(extra)
     return json.dumps(doc, allow_nan=False)

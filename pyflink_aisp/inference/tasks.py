@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "SentimentTask",
     "SqlType",
     "Task",
+    "check_kept_names",
     "check_task",
     "render_fields",
     "render_prediction",
@@ -150,11 +151,24 @@ def render_fields(task: Task, prediction: Any) -> Mapping[str, Any]:
     return rendered
 
 
+def check_kept_names(names: Sequence[str], task: Task) -> None:
+    """Refuse kept input fields that would overwrite the task's output fields.
+
+    Raises:
+        ConfigError: A kept name is one of the task's fields (named in the message).
+    """
+    clash = sorted(set(names) & {f.name for f in task.fields})
+    if clash:
+        raise ConfigError(f"kept fields {clash} would overwrite the task's output fields "
+                          f"{[f.name for f in task.fields]}: keep other fields, or rename them upstream")
+
+
 def render_prediction(
-    task: Task, record_id: str, prediction: Any, model_version: str, *, max_record_bytes: int
+    task: Task, record_id: str, prediction: Any, model_version: str, *, max_record_bytes: int,
+    kept: Mapping[str, Any] | None = None,
 ) -> str:
-    """The Kafka output value of one scored record: ``{"id", <task fields>..., "model_sha256",
-    <extra fields>...}`` (:func:`~pyflink_aisp.outcome.render_scored`).
+    """The Kafka output value of one scored record: ``{"id", <kept fields>..., <task fields>...,
+    "model_sha256", <extra fields>...}`` (:func:`~pyflink_aisp.outcome.render_scored`).
 
     Args:
         task: The handler's task.
@@ -162,6 +176,7 @@ def render_prediction(
         prediction: What the handler returned for the record.
         model_version: sha256 of the model that scored it.
         max_record_bytes: Most UTF-8 bytes of key + value the sink can write.
+        kept: The input record's fields the job keeps (a :class:`~pyflink_aisp.kafka.FieldMapping`).
 
     Raises:
         InferenceError: The task cannot render the prediction, or a value is NaN,
@@ -171,10 +186,11 @@ def render_prediction(
     rendered = render_fields(task, prediction)
     extra_names = [f.name for f in task.fields if f.extra]
     if not extra_names:
-        return render_scored(record_id, rendered, model_version, max_record_bytes=max_record_bytes)
+        return render_scored(record_id, rendered, model_version, kept=kept, max_record_bytes=max_record_bytes)
     own = {k: v for k, v in rendered.items() if k not in extra_names}
     extra = {k: rendered[k] for k in extra_names}
-    return render_scored(record_id, own, model_version, extra=extra, max_record_bytes=max_record_bytes)
+    return render_scored(record_id, own, model_version, extra=extra, kept=kept,
+                         max_record_bytes=max_record_bytes)
 
 
 _SCORE = OutputField(name="score", sql_type=SqlType.DOUBLE)
@@ -217,3 +233,4 @@ class EmbeddingTask(Task):
 
     def render(self, prediction: Any) -> dict[str, Any]:
         return {"embedding": np.asarray(prediction).tolist()}
+

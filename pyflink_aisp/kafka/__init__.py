@@ -21,6 +21,7 @@ from pyflink_aisp.kafka._decode import (
 )
 from pyflink_aisp.kafka._ingest import IngestResult, ingest_records
 from pyflink_aisp.kafka._limits import sink_record_limit, topic_max_message_bytes
+from pyflink_aisp.kafka._mapping import DEFAULT_MAPPING, FieldMapping, ValueFormat, parse_pointer
 from pyflink_aisp.kafka._tables import (
     JOB_HEADER,
     SOURCE_HEADER,
@@ -38,10 +39,12 @@ from pyflink_aisp.kafka._transactions import (
 )
 
 __all__ = [
+    "DEFAULT_MAPPING",
     "JOB_HEADER",
     "SOURCE_HEADER",
     "DecodedRecord",
     "DeliveryGuarantee",
+    "FieldMapping",
     "IngestResult",
     "KafkaCoordinates",
     "KafkaSinkTable",
@@ -49,6 +52,7 @@ __all__ = [
     "StartupMode",
     "TopicInfo",
     "TransactionInfo",
+    "ValueFormat",
     "abort_transactions",
     "broker_transaction_max_timeout_ms",
     "check_transaction_timeout",
@@ -60,6 +64,7 @@ __all__ = [
     "ingest_records",
     "list_topics",
     "list_transactions",
+    "parse_pointer",
     "read_topic",
     "sink_record_limit",
     "topic_max_message_bytes",

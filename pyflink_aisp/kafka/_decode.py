@@ -33,6 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyflink_aisp.errors import DecodeError
+from pyflink_aisp.kafka._mapping import (
+    DEFAULT_MAPPING,
+    FieldMapping,
+    ValueFormat,
+    is_missing,
+    resolve_pointer,
+)
 from pyflink_aisp.outcome import MAX_DEAD_LETTER_VALUE_BYTES, DeadLettered, Reason
 
 __all__ = [
@@ -65,11 +72,13 @@ class DecodedRecord:
         id: The record's ``id`` as a string (from the JSON, else its coordinates).
         text: The text to score (may be empty).
         label: The ``label`` field if present (any JSON scalar), else None.
+        kept: The values of the mapping's kept fields, in its order (None where absent).
     """
 
     id: str
     text: str
     label: Any = None
+    kept: tuple[Any, ...] = ()
 
 
 _BOM = "\ufeff"
@@ -159,12 +168,15 @@ def _dead_letter(reason: Reason, detail: str, source: KafkaCoordinates, value: b
                         offset=source.offset, value=value)
 
 
-def decode_review(value: bytes | None, source: KafkaCoordinates) -> DecodedRecord | DeadLettered:
+def decode_review(value: bytes | None, source: KafkaCoordinates,
+                  mapping: FieldMapping = DEFAULT_MAPPING) -> DecodedRecord | DeadLettered:
     """Decode one Kafka record value.
 
     Args:
         value: The raw record value (None for a tombstone).
         source: The record's topic, partition and offset.
+        mapping: Where the text and the id are, and the fields to keep (default
+            ``{"id", "text"}``, nothing kept).
 
     Returns:
         A :class:`DecodedRecord`, or a :class:`~pyflink_aisp.outcome.DeadLettered`
@@ -172,30 +184,66 @@ def decode_review(value: bytes | None, source: KafkaCoordinates) -> DecodedRecor
         for bad input.
     """
     try:
+        if mapping.value_format is ValueFormat.RAW:
+            return _decode_raw(value, source)
         obj = _parse(value)
-        if "text" not in obj or obj["text"] is None:
-            raise DecodeError(Reason.MISSING_TEXT.value, _missing_text(obj))
-        text = obj["text"]
+        if mapping.is_default:
+            if "text" not in obj or obj["text"] is None:
+                raise DecodeError(Reason.MISSING_TEXT.value, _missing_text(obj))
+            text, rid = obj["text"], obj.get("id")
+            kept: tuple[Any, ...] = ()
+        else:
+            text = resolve_pointer(obj, mapping.text_path)
+            if is_missing(text) or text is None:
+                raise DecodeError(Reason.MISSING_TEXT.value, _missing_at(obj, mapping.text, text))
+            rid = None if mapping.id_path is None else resolve_pointer(obj, mapping.id_path)
+            rid = None if is_missing(rid) else rid
+            kept = tuple(None if is_missing(v := resolve_pointer(obj, path)) else v
+                         for path in mapping.keep_paths)
         if not isinstance(text, str):
             raise DecodeError(
-                Reason.TEXT_NOT_STRING.value, f"'text' is {type(text).__name__}"
+                Reason.TEXT_NOT_STRING.value, f"'{_name(mapping.text)}' is {type(text).__name__}"
             )
-        rid = obj.get("id")
         if rid is None:
             rid = source.default_id()
         elif isinstance(rid, bool) or not isinstance(rid, (str, int)):
-            raise DecodeError(Reason.BAD_ID.value, f"'id' is {type(rid).__name__}")
+            raise DecodeError(Reason.BAD_ID.value, f"'{_name(mapping.id)}' is {type(rid).__name__}")
         elif rid == "":
-            raise DecodeError(Reason.BAD_ID.value, "'id' is an empty string")
+            raise DecodeError(Reason.BAD_ID.value, f"'{_name(mapping.id)}' is an empty string")
         _check_encodable("text", text)
         _check_encodable("id", str(rid))
-        return DecodedRecord(id=str(rid), text=text, label=obj.get("label"))
+        return DecodedRecord(id=str(rid), text=text, label=obj.get("label"), kept=kept)
     except DecodeError as exc:
         return _dead_letter(Reason(exc.reason), exc.detail, source, None if value is None else bytes(value))
 
 
+def _decode_raw(value: bytes | None, source: KafkaCoordinates) -> DecodedRecord:
+    """A raw UTF-8 value: the text (a byte order mark dropped), under the record's coordinates."""
+    if value is None:
+        raise DecodeError(Reason.NULL_VALUE.value, "record value is null (tombstone)")
+    try:
+        text = bytes(value).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeError(Reason.INVALID_UTF8.value, f"byte {exc.start}: {exc.reason}") from exc
+    return DecodedRecord(id=source.default_id(), text=text.removeprefix(_BOM))
+
+
+def _name(pointer: str | None) -> str:
+    """How a detail names a field: ``text`` for the default ``/text``, else the pointer."""
+    return {"/text": "text", "/id": "id"}.get(pointer or "", pointer or "id")
+
+
+def _missing_at(obj: dict[str, Any], pointer: str, found: Any) -> str:
+    if not is_missing(found):
+        return f"'{pointer}' is null"
+    names = ", ".join(repr(n[:40]) for n in sorted(obj)[:_NAMES_SHOWN])
+    if not obj:
+        return f"no value at {pointer}; the object is empty"
+    return f"no value at {pointer}; the object's fields: {names}"
+
+
 def decode_record(
-    value: bytes | None, topic: str, partition: int, offset: int
+    value: bytes | None, topic: str, partition: int, offset: int, mapping: FieldMapping = DEFAULT_MAPPING
 ) -> DecodedRecord | DeadLettered:
     """:func:`decode_review` with a catch-all: an exception nobody foresaw (a bug, an
     input of a new kind) becomes a ``decode_error`` dead letter, never a job restart.
@@ -205,10 +253,11 @@ def decode_record(
         topic: Its topic.
         partition: Its partition.
         offset: Its offset.
+        mapping: As :func:`decode_review`.
     """
     source = KafkaCoordinates(topic=topic, partition=partition, offset=offset)
     try:
-        return decode_review(value, source)
+        return decode_review(value, source, mapping)
     except Exception as exc:
         raw = None if value is None else (value.encode("utf-8", "surrogatepass") if isinstance(value, str)
                                           else bytes(value))

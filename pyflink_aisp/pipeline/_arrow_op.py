@@ -32,6 +32,7 @@ queue wait, compute, swaps).
 from __future__ import annotations
 
 import time
+from itertools import repeat
 from typing import Any
 
 from pyflink.table import DataTypes
@@ -40,8 +41,8 @@ from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 from pyflink_aisp.affinity import AffinitySettings, open_affinity
 from pyflink_aisp.errors import ConfigError, InferenceError, OversizedOutputError
 from pyflink_aisp.inference import BatchingConfig, BreakerConfig, Inferred, ModelHandler, ModelSwapConfig
-from pyflink_aisp.inference.tasks import check_task, render_prediction
-from pyflink_aisp.kafka import DecodedRecord, decode_record
+from pyflink_aisp.inference.tasks import check_kept_names, check_task, render_prediction
+from pyflink_aisp.kafka import DEFAULT_MAPPING, DecodedRecord, FieldMapping, decode_record
 from pyflink_aisp.outcome import (
     DEFAULT_MAX_RECORD_BYTES,
     MIN_RECORD_BYTES,
@@ -84,6 +85,7 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         affinity: GPU affinity lease taken in ``open()`` before the model loads
             (:func:`~pyflink_aisp.affinity.open_affinity`); None: none.
         dead_letters: When the dead-letter watch warns or fails the job (None: its defaults).
+        mapping: Where each record's text and id are, and the fields its output keeps.
         open_lease: Takes the lease (inject a fake in unit tests).
 
     Raises:
@@ -96,11 +98,15 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
                  breaker: BreakerConfig | None = None, affinity: AffinitySettings | None = None,
                  dead_letters: DeadLetterWatchConfig | None = None,
+                 mapping: FieldMapping = DEFAULT_MAPPING,
                  open_lease: LeaseOpener = open_affinity) -> None:
         if max_record_bytes < MIN_RECORD_BYTES:
             raise ConfigError(f"max_record_bytes must be >= {MIN_RECORD_BYTES}, got {max_record_bytes}")
         self._task = check_task(handler.task(with_embedding=with_embedding))
         self._max_record_bytes = max_record_bytes
+        self._mapping = mapping
+        self._kept_names = tuple(mapping.kept_names)
+        check_kept_names(self._kept_names, self._task)
         spec = WorkerSpec.of(handler, batching=batching, swap=swap, breaker=breaker, affinity=affinity,
                              dead_letters=dead_letters)
         self._shell = OperatorShell(spec, counters=_COUNTERS, windows=_WINDOWS, open_lease=open_lease)
@@ -135,7 +141,7 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         topics = frame.iloc[:, 1].tolist()
         partitions = list(map(_coordinate, frame.iloc[:, 2].tolist()))
         offsets = list(map(_coordinate, frame.iloc[:, 3].tolist()))
-        decoded = list(map(decode_record, raw, topics, partitions, offsets))
+        decoded = list(map(decode_record, raw, topics, partitions, offsets, repeat(self._mapping)))
         good = [i for i, d in enumerate(decoded) if isinstance(d, DecodedRecord)]
         texts = [d.text for d in decoded if isinstance(d, DecodedRecord)]
         decoded_s = time.perf_counter()
@@ -171,8 +177,9 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         error and the letter."""
         if not isinstance(outcome, BaseException):
             try:
+                kept = dict(zip(self._kept_names, record.kept, strict=True)) if self._kept_names else None
                 return (record.id, render_prediction(self._task, record.id, outcome.prediction,
-                                                     outcome.model_version,
+                                                     outcome.model_version, kept=kept,
                                                      max_record_bytes=self._max_record_bytes)), None, None
             except (OversizedOutputError, InferenceError) as exc:
                 outcome = exc

@@ -23,6 +23,7 @@ The job graph of every packaged inference job, built from
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import Any
 
 from pyflink.common import Configuration, Row, Time, Types
@@ -37,11 +38,13 @@ from pyflink.table.expressions import col, lit, map_
 
 from pyflink_aisp.errors import ConfigError, DecodeError, KafkaError
 from pyflink_aisp.inference import ModelHandler
-from pyflink_aisp.inference.tasks import Task, check_task, render_prediction
+from pyflink_aisp.inference.tasks import Task, check_kept_names, check_task, render_prediction
 from pyflink_aisp.jars import connector_jars
 from pyflink_aisp.kafka import (
+    DEFAULT_MAPPING,
     JOB_HEADER,
     SOURCE_HEADER,
+    FieldMapping,
     KafkaSinkTable,
     KafkaSourceTable,
     StartupMode,
@@ -223,13 +226,16 @@ def _scored_table(
                                           with_embedding=options.with_embedding,
                                           max_record_bytes=max_record_bytes, breaker=options.breaker(),
                                           affinity=options.affinity(),
-                                          dead_letters=options.dead_letter_watch())
+                                          dead_letters=options.dead_letter_watch(),
+                                          mapping=options.field_mapping())
         return raw.map(arrow_inference_udf(function)).alias("key", "value", "dead", "source")
+    mapping = options.field_mapping()
+    check_kept_names(mapping.kept_names, task)
     scorer = BatchedInferenceFunction(
-        handler, batching=options.batching(), prepare=decode_row, extract=_text,
-        emit=_async_output(task, max_record_bytes),
-        dead_letter=_async_dead_letter(max_record_bytes), swap=options.swap(), breaker=options.breaker(),
-        affinity=options.affinity(), dead_letters=options.dead_letter_watch())
+        handler, batching=options.batching(), prepare=partial(decode_row, mapping=mapping), extract=_text,
+        emit=_async_output(task, max_record_bytes, tuple(mapping.kept_names)),
+        dead_letter=_async_dead_letter(max_record_bytes, mapping), swap=options.swap(),
+        breaker=options.breaker(), affinity=options.affinity(), dead_letters=options.dead_letter_watch())
     wait = AsyncDataStream.ordered_wait if options.ordered else AsyncDataStream.unordered_wait
     stream = wait(t_env.to_data_stream(raw), scorer, Time.seconds(options.timeout_s), options.capacity,
                   SCORED_TYPE).name("decode+tokenize+infer")
@@ -244,17 +250,18 @@ class UndecodableRecord(DecodeError):
         self.letter = letter
 
 
-def decode_row(value: Row) -> Row:
+def decode_row(value: Row, mapping: FieldMapping = DEFAULT_MAPPING) -> Row:
     """Decode a raw Kafka row ``(value BYTES, topic, partition, offset)`` into a row
-    ``(id, text, topic, partition, offset)``.
+    ``(id, text, topic, partition, offset, kept)`` (``kept``: the mapping's kept values).
 
     Raises:
         UndecodableRecord: The record is not a review; its ``letter`` says why.
     """
-    result = decode_record(value[0], value[1], value[2], value[3])
+    result = decode_record(value[0], value[1], value[2], value[3], mapping)
     if isinstance(result, DeadLettered):
         raise UndecodableRecord(result)
-    return Row(id=result.id, text=result.text, topic=value[1], partition=value[2], offset=value[3])
+    return Row(id=result.id, text=result.text, topic=value[1], partition=value[2], offset=value[3],
+               kept=result.kept)
 
 
 def _source(topic: Any, partition: Any, offset: Any) -> str:
@@ -265,15 +272,17 @@ def _text(record: Row) -> str:
     return str(record[1])
 
 
-def _async_output(task: Task, max_record_bytes: int) -> Any:
+def _async_output(task: Task, max_record_bytes: int, kept_names: tuple[str, ...]) -> Any:
     def emit(record: Row, prediction: Any, version: str) -> Row:
-        value = render_prediction(task, record[0], prediction, version, max_record_bytes=max_record_bytes)
+        kept = dict(zip(kept_names, record[5], strict=True)) if kept_names else None
+        value = render_prediction(task, record[0], prediction, version, max_record_bytes=max_record_bytes,
+                                  kept=kept)
         return Row(key=record[0], value=value, dead=False, source=_source(record[2], record[3], record[4]))
 
     return emit
 
 
-def _async_dead_letter(max_record_bytes: int) -> Any:
+def _async_dead_letter(max_record_bytes: int, mapping: FieldMapping) -> Any:
     def dead_letter(raw: Row, error: BaseException) -> Row:
         """A DLQ row for a raw Kafka row ``(value, topic, partition, offset)``: its decode
         dead letter, or the dead letter of its failed, timed-out or oversized inference."""
@@ -281,7 +290,7 @@ def _async_dead_letter(max_record_bytes: int) -> Any:
         if isinstance(error, UndecodableRecord):
             key, value = render_dead_letter(error.letter, max_record_bytes)
             return Row(key=key, value=value, dead=True, source=source)
-        record = decode_row(raw)  # it decoded before, or inference would not have run
+        record = decode_row(raw, mapping)  # it decoded before, or inference would not have run
         letter = DeadLettered.of_error(error, id=record[0], topic=record[2], partition=record[3],
                                        offset=record[4], value=None if raw[0] is None else bytes(raw[0]))
         key, value = render_dead_letter(letter, max_record_bytes)

@@ -30,7 +30,7 @@ from pyflink_aisp.device import Device, DeviceKind
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import BatchCuts, BatchingConfig, BreakerConfig, ModelSwapConfig
 from pyflink_aisp.inference.handlers import Pooling
-from pyflink_aisp.kafka import StartupMode, default_bootstrap_servers
+from pyflink_aisp.kafka import FieldMapping, StartupMode, ValueFormat, default_bootstrap_servers
 from pyflink_aisp.pipeline._options import (
     GpuProvider,
     InferenceRuntime,
@@ -319,6 +319,16 @@ class PipelineOptions(InferenceOptions):
     input_topic: str = required(J, 'Kafka topic of JSON records {"id", "text", ...}.')
     output_topic: str = required(J, 'Kafka topic of the scored records (exactly once).')
     dlq_topic: str | None = opt(None, J, 'Dead-letter topic (default: <output-topic>.dlq).')
+    value_format: ValueFormat = opt(ValueFormat.JSON, J, 'How record values are read: json (objects; the '
+        'fields below) or raw (the whole value is the UTF-8 text, the id its topic/partition/offset).')
+    text_field: str = opt('/text', J, 'Where the text of each JSON record is: a JSON Pointer (RFC 6901), '
+        'e.g. /body or /review/text.')
+    id_field: str | None = opt('/id', J, "Where the id of each JSON record is (a JSON Pointer); a record "
+        "without one, and every record with 'none', is scored under its topic/partition/offset.",
+        nullable=True)
+    keep_fields: str | None = opt(None, J, "Fields of the input record copied unchanged into each output, "
+        "after its id: comma-separated JSON Pointers, each written under its last name (/meta/lang -> "
+        "lang; null where a record has none).")
     bootstrap_servers: str | None = opt(None, J, 'Kafka bootstrap servers (default: $AISP_KAFKA_BOOTSTRAP, '
         'else 127.0.0.1:$AISP_KAFKA_PORT).')
     job_name: str | None = opt(None, J, 'Name of the job: the Flink job name, and the consumer group and '
@@ -403,6 +413,10 @@ class PipelineOptions(InferenceOptions):
         if len(set(named.values())) < 3:
             raise ConfigError("the input, output and dead-letter topics must differ (a job that reads "
                               f"its own output or dead letters loops without end): {named}")
+        try:
+            self.field_mapping()
+        except ConfigError as exc:
+            raise ConfigError(f"--value-format / --text-field / --id-field / --keep-fields: {exc}") from None
         if self.max_dead_letter_rate is not None and self.max_dead_letter_rate >= 1:
             raise ConfigError(f"--max-dead-letter-rate must be < 1 (a share that can be passed), "
                               f"got {self.max_dead_letter_rate}")
@@ -422,6 +436,15 @@ class PipelineOptions(InferenceOptions):
                               "(--checkpoint-interval-ms + --checkpoint-timeout-ms) + the longest restart "
                               "wait, and 2 x --timeout-s; a transaction that times out before its checkpoint "
                               "commits is lost")
+
+    def field_mapping(self) -> FieldMapping:
+        """Where the text and id are, and the kept fields (:class:`~pyflink_aisp.kafka.FieldMapping`).
+
+        Raises:
+            ConfigError: A pointer is not one, or kept names clash.
+        """
+        keep = tuple(p.strip() for p in (self.keep_fields or "").split(",") if p.strip())
+        return FieldMapping(text=self.text_field, id=self.id_field, keep=keep, value_format=self.value_format)
 
     def dead_letter_watch(self) -> DeadLetterWatchConfig:
         """The dead-letter watch of the job's operator: it warns above a share of 0.5 (or

@@ -41,8 +41,9 @@ _FIXES: dict[Reason, str] = {
     Reason.INVALID_JSON: _NOT_JSON,
     Reason.NOT_AN_OBJECT: _NOT_JSON,
     Reason.DUPLICATE_KEY: "the producer writes JSON objects with a repeated name: fix the producer",
-    Reason.MISSING_TEXT: "the job reads the text from the field 'text' of each JSON object: produce "
-                         "records {\"id\", \"text\"}, or check --input-topic",
+    Reason.MISSING_TEXT: "the job reads the text at --text-field (default /text) of each JSON object: "
+                         "point --text-field (and --id-field) at your records' fields, e.g. --text-field "
+                         "/body, or check --input-topic",
     Reason.TEXT_NOT_STRING: "the field 'text' must be a JSON string",
     Reason.INVALID_UNICODE: "the texts hold lone UTF-16 surrogate escapes (\\ud800): fix the producer",
     Reason.BAD_ID: "'id' must be a non-empty string or an integer (absent or null: the record's "

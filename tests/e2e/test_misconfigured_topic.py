@@ -1,13 +1,16 @@
-"""Issue 25: a topic of another shape ({"review_id", "body", "lang"}) through `flink run`: the batch run
-says it dead-lettered everything and why; with --max-dead-letter-rate the job fails with that line."""
+"""A topic of another shape ({"review_id", "body", "lang"}) through `flink run`. Issue 25: the batch run
+says it dead-lettered everything and why; with --max-dead-letter-rate the job fails with that line.
+Issue 21: the field mapping options score it, lang kept."""
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
+from pyflink_aisp.inference.handlers import OnnxSentimentModel
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
 
 pytestmark = pytest.mark.e2e
@@ -42,8 +45,9 @@ def test_a_batch_run_over_a_topic_of_another_shape_says_what_it_dead_lettered_an
     assert summary.endswith(f": {N} in, 0 out, {N} dead letters (missing_text {N})"), summary
     (warning,) = [line for line in lines if "warning:" in line]
     assert warning == ("review_sentiment: warning: 100 % of the range was dead-lettered, most as "
-                       "missing_text: the job reads the text from the field 'text' of each JSON object: "
-                       'produce records {"id", "text"}, or check --input-topic')
+                       "missing_text: the job reads the text at --text-field (default /text) of each JSON "
+                       "object: point --text-field (and --id-field) at your records' fields, e.g. "
+                       "--text-field /body, or check --input-topic")
     letters = [json.loads(m.value()) for m in read_topic(bootstrap, "foreign-batch-out.dlq", min_count=N,
                                                           timeout_s=60)]
     assert len(letters) == N and {(d["reason"], d["detail"]) for d in letters} == {("missing_text", FIELDS)}
@@ -61,3 +65,68 @@ def test_with_max_dead_letter_rate_the_job_fails_at_once_with_the_line(stack, mo
     assert errors[0].endswith("(above --max-dead-letter-rate 0.5 of 1000 records)")
     # nothing of the range was committed: the run failed before its one commit at the end
     assert read_topic(bootstrap, "foreign-strict-out.dlq", timeout_s=5) == []
+
+
+MAPPING = ("--text-field", "/body", "--id-field", "/review_id", "--keep-fields", "/lang")
+
+
+@pytest.mark.parametrize("mode", ["batch", "streaming"])
+def test_the_same_topic_is_scored_by_options_alone_with_lang_kept(stack, model_assets, mode):
+    """Issue 21's first acceptance: {"review_id", "body", "lang"} scored by --text-field, --id-field and
+    --keep-fields alone, in both modes through flink run: every review once, its own id, lang kept after
+    it, the score the model gives its body."""
+    topic = f"foreign-mapped-{mode}"
+    bootstrap = _foreign_topic(stack, topic)
+    reviews = load_rotten_tomatoes()[:N]
+    if mode == "batch":
+        proc = _run(stack, model_assets, bootstrap, topic, *MAPPING)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert f": {N} in, {N} out, 0 dead letters" in proc.stdout
+        job_id = None
+    else:
+        cmd = stack.flink_run_command(
+            str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap,
+            "--input-topic", topic, "--output-topic", f"{topic}-out",
+            "--model-dir", str(model_assets.directory), "--checkpoint-interval-ms", "1000", *MAPPING)
+        cmd.insert(cmd.index("run") + 1, "-d")
+        proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        job_id = re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
+    try:
+        out = read_topic(bootstrap, f"{topic}-out", min_count=N, timeout_s=180, quiet_s=2)
+    finally:
+        if job_id is not None:
+            subprocess.run([stack.flink_run_command("x")[0], "cancel", job_id], env=stack.flink_env(),
+                           capture_output=True, timeout=120)
+    docs = [json.loads(m.value()) for m in out]
+    assert sorted(d["id"] for d in docs) == sorted(r.id for r in reviews)
+    assert all(list(d)[:2] == ["id", "lang"] and d["lang"] == "en" for d in docs)
+    scores, _ = OnnxSentimentModel(model_assets).predict([r.text for r in reviews])
+    expected = {r.id: float(s) for r, s in zip(reviews, scores, strict=True)}
+    assert all(d["score"] == pytest.approx(expected[d["id"]], abs=1e-5) for d in docs)
+    assert read_topic(bootstrap, f"{topic}-out.dlq", timeout_s=3) == []
+
+
+def test_a_topic_of_plain_text_values_is_scored_with_value_format_raw(stack, model_assets):
+    """--value-format raw: each value is the review's text (UTF-8, no JSON), scored under its
+    topic/partition/offset; a value that is not UTF-8 is an invalid_utf8 dead letter."""
+    from confluent_kafka import Producer
+
+    bootstrap = str(stack.status().bootstrap_servers)
+    topic = "plain-text"
+    create_topics(bootstrap, [topic, f"{topic}-out", f"{topic}-out.dlq"])
+    reviews = load_rotten_tomatoes()[:N]
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for r in reviews:
+        producer.produce(topic, value=r.text.encode("utf-8"))
+    producer.produce(topic, value=b"\xff\xfe not utf-8")
+    assert producer.flush(60) == 0
+    proc = _run(stack, model_assets, bootstrap, topic, "--value-format", "raw")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f": {N + 1} in, {N} out, 1 dead letters (invalid_utf8 1)" in proc.stdout
+    docs = {json.loads(m.value())["id"]: json.loads(m.value())
+            for m in read_topic(bootstrap, f"{topic}-out", min_count=N, timeout_s=60)}
+    assert sorted(docs) == sorted(f"{topic}/0/{offset}" for offset in range(N))
+    scores, _ = OnnxSentimentModel(model_assets).predict([r.text for r in reviews])
+    for i, score in enumerate(scores):
+        assert docs[f"{topic}/0/{i}"]["score"] == pytest.approx(float(score), abs=1e-5)

@@ -21,6 +21,7 @@ from pyflink_aisp.errors import (
 )
 from pyflink_aisp.inference import BatchingConfig, BreakerConfig, ModelHandler, ModelRuntime
 from pyflink_aisp.inference.tasks import OutputField, SqlType, Task
+from pyflink_aisp.kafka import FieldMapping
 from pyflink_aisp.outcome import MIN_RECORD_BYTES
 from pyflink_aisp.pipeline._shell import OperatorShell, WorkerSpec
 from pyflink_aisp.pipeline._watch import DeadLetterWatchConfig
@@ -297,3 +298,21 @@ def test_a_topic_of_another_shape_raises_the_alarm_in_its_first_batch_and_fails_
             strict.eval(_frame(foreign[:60] + ok[:10]))  # 110 dead: above half of 200 whatever follows
     finally:
         strict.close()
+
+
+def test_a_mapped_record_keeps_its_fields_after_the_id_and_a_clash_with_the_task_is_refused(opener) -> None:
+    mapping = FieldMapping(text="/body", id="/review_id", keep=("/lang",))
+    function, _ = _opened(opener, mapping=mapping)
+    values = [json.dumps({"review_id": "r1", "body": "hello", "lang": "en"}).encode(),
+              json.dumps({"review_id": "r2", "text": "no body"}).encode()]
+    try:
+        out = function.eval(_frame(values))
+    finally:
+        function.close()
+    assert out["dead"].tolist() == [False, True] and out["key"][0] == "r1"
+    assert json.loads(out["value"][0]) == {"id": "r1", "lang": "en", "chars": 5, "ratio": 0.05,
+                                           "echo": "hello", "model_sha256": SHA}
+    detail = json.loads(out["value"][1])["detail"]
+    assert detail == "no value at /body; the object's fields: 'review_id', 'text'"
+    with pytest.raises(ConfigError, match=r"kept fields \['chars'\] would overwrite the task's output"):
+        ArrowInferenceFunction(EchoHandler(), batching=BATCHING, mapping=FieldMapping(keep=("/meta/chars",)))

@@ -1,0 +1,130 @@
+"""How a record value is read (JSON or raw UTF-8 text), where its text and id are, and which of
+its fields the output keeps.
+
+Paths are JSON Pointers (RFC 6901): ``/body``, ``/review/text``, ``/items/0``; ``~1``
+stands for ``/`` and ``~0`` for ``~`` inside a name; an array index is a non-negative
+integer without leading zeros. The empty pointer (the whole value) is not a field and
+is refused.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyflink_aisp.errors import ConfigError
+
+__all__ = ["DEFAULT_MAPPING", "FieldMapping", "ValueFormat", "parse_pointer", "resolve_pointer"]
+
+#: Output field names a kept field may not take (the output's own).
+_RESERVED = frozenset({"id", "model_sha256"})
+_MISSING = object()
+
+
+class ValueFormat(enum.StrEnum):
+    """How a record value is read (``--value-format``)."""
+
+    JSON = "json"  # a UTF-8 JSON object; fields by JSON Pointer
+    RAW = "raw"    # the value is the text (UTF-8); the id is the record's coordinates
+
+
+def parse_pointer(pointer: str) -> tuple[str, ...]:
+    """``/a/b~1c`` → ``("a", "b/c")`` (RFC 6901 section 3 and 4).
+
+    Raises:
+        ConfigError: Not a pointer to a field: empty, not starting with ``/``, or a ``~``
+            not followed by ``0`` or ``1``.
+    """
+    if not pointer.startswith("/"):
+        raise ConfigError(f"{pointer!r} is not a JSON Pointer to a field (RFC 6901): it must start with '/', "
+                          "e.g. /body or /review/text")
+    tokens = []
+    for raw in pointer[1:].split("/"):
+        stripped = raw.replace("~0", "").replace("~1", "")
+        if "~" in stripped:
+            raise ConfigError(f"{pointer!r}: '~' must be followed by 0 or 1 (RFC 6901 section 3)")
+        tokens.append(raw.replace("~1", "/").replace("~0", "~"))
+    return tuple(tokens)
+
+
+def resolve_pointer(doc: Any, tokens: Sequence[str]) -> Any:
+    """The value at ``tokens`` in ``doc``, or :data:`_MISSING` (RFC 6901 section 4: a token
+    indexes an array only as a non-negative integer without leading zeros)."""
+    value = doc
+    for token in tokens:
+        if isinstance(value, dict):
+            if token not in value:
+                return _MISSING
+            value = value[token]
+        elif isinstance(value, list):
+            if not token.isdigit() or (len(token) > 1 and token[0] == "0") or int(token) >= len(value):
+                return _MISSING
+            value = value[int(token)]
+        else:
+            return _MISSING
+    return value
+
+
+def is_missing(value: Any) -> bool:
+    """Whether :func:`resolve_pointer` found nothing."""
+    return value is _MISSING
+
+
+@dataclass(frozen=True, kw_only=True)
+class FieldMapping:
+    """Where the text and the id of a JSON record are, and the fields the output keeps.
+
+    Attributes:
+        text: JSON Pointer to the text (a string). The parsed ``text_path``, ``id_path`` and
+            ``keep_paths`` are set from the pointers.
+        id: JSON Pointer to the id (a non-empty string or an integer); absent, null or
+            None here: the record's ``topic/partition/offset``.
+        keep: JSON Pointers of fields copied unchanged into the output, each under its
+            last token's name (``/meta/lang`` → ``lang``), null where the record has none.
+        value_format: JSON objects, or raw UTF-8 text (the whole value is the text, the id
+            the record's coordinates, nothing to keep).
+
+    Raises:
+        ConfigError: A pointer is not one (:func:`parse_pointer`), two kept fields share a
+            name, a kept name is ``id`` or ``model_sha256``, or raw values with a text
+            field or kept fields.
+    """
+
+    text: str = "/text"
+    id: str | None = "/id"
+    keep: tuple[str, ...] = ()
+    value_format: ValueFormat = ValueFormat.JSON
+    text_path: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    id_path: tuple[str, ...] | None = field(init=False, repr=False, compare=False)
+    keep_paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keep", tuple(self.keep))
+        object.__setattr__(self, "value_format", ValueFormat(self.value_format))
+        if self.value_format is ValueFormat.RAW and (self.text != "/text" or self.keep):
+            raise ConfigError("raw values are the text itself: --text-field and --keep-fields apply to json "
+                              "values only")
+        object.__setattr__(self, "text_path", parse_pointer(self.text))
+        object.__setattr__(self, "id_path", None if self.id is None else parse_pointer(self.id))
+        object.__setattr__(self, "keep_paths", tuple(parse_pointer(p) for p in self.keep))
+        names = self.kept_names
+        clash = sorted({n for n in names if names.count(n) > 1} | (set(names) & _RESERVED))
+        if clash:
+            raise ConfigError(f"kept fields would write {clash} twice or over the output's own id / "
+                              "model_sha256: keep each name once")
+
+    @property
+    def kept_names(self) -> list[str]:
+        """The output names of the kept fields, in order."""
+        return [path[-1] for path in self.keep_paths]
+
+    @property
+    def is_default(self) -> bool:
+        """Whether this is ``{"id", "text"}`` with nothing kept (the decoder's fast path)."""
+        return (self.text, self.id, self.keep, self.value_format) == ("/text", "/id", (), ValueFormat.JSON)
+
+
+#: ``{"id", "text"}`` records, nothing kept: the packaged job's default.
+DEFAULT_MAPPING = FieldMapping()

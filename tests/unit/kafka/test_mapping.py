@@ -1,0 +1,90 @@
+"""Field mapping: JSON Pointers (RFC 6901) to the text, the id and the kept fields of a record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.kafka import DecodedRecord, FieldMapping, KafkaCoordinates, decode_review, parse_pointer
+from pyflink_aisp.kafka._mapping import is_missing, resolve_pointer
+from pyflink_aisp.outcome import DeadLettered, Reason
+
+SRC = KafkaCoordinates(topic="reviews", partition=1, offset=9)
+# RFC 6901 section 5's example document
+RFC_DOC = {"foo": ["bar", "baz"], "": 0, "a/b": 1, "c%d": 2, "e^f": 3, "g|h": 4, "i\\j": 5, 'k"l': 6,
+           " ": 7, "m~n": 8}
+
+
+@pytest.mark.parametrize(("pointer", "value"), [
+    ("/foo", ["bar", "baz"]), ("/foo/0", "bar"), ("/", 0), ("/a~1b", 1), ("/c%d", 2), ("/e^f", 3),
+    ("/g|h", 4), ("/i\\j", 5), ('/k"l', 6), ("/ ", 7), ("/m~0n", 8),
+])
+def test_the_rfc_6901_examples_resolve(pointer, value):
+    assert resolve_pointer(RFC_DOC, parse_pointer(pointer)) == value
+
+
+@pytest.mark.parametrize("pointer", ["/foo/2", "/foo/01", "/foo/-", "/foo/bar", "/nope", "/foo/0/x"])
+def test_what_a_document_does_not_hold_is_missing(pointer):
+    assert is_missing(resolve_pointer(RFC_DOC, parse_pointer(pointer)))
+
+
+@pytest.mark.parametrize(("pointer", "message"), [
+    ("", "must start with '/'"), ("body", "must start with '/'"), ("/a~2b", "'~' must be followed by 0 or 1"),
+    ("/a~", "'~' must be followed by 0 or 1"),
+])
+def test_a_pointer_that_cannot_match_is_one_line_at_start_up(pointer, message):
+    with pytest.raises(ConfigError, match=message):
+        FieldMapping(text=pointer)
+
+
+@pytest.mark.parametrize("keep", [("/lang", "/meta/lang"), ("/id",), ("/x/model_sha256",)])
+def test_kept_names_must_be_unique_and_not_the_outputs_own(keep):
+    with pytest.raises(ConfigError, match="keep each name once"):
+        FieldMapping(keep=keep)
+
+
+def test_a_record_of_another_shape_decodes_by_its_mapping_with_nested_fields_and_kept_values():
+    mapping = FieldMapping(text="/review/body", id="/review_id", keep=("/lang", "/meta/stars", "/absent"))
+    value = json.dumps({"review_id": 17, "review": {"body": "a fine film"}, "lang": "en",
+                        "meta": {"stars": [4, 5]}}).encode()
+    assert decode_review(value, SRC, mapping) == DecodedRecord(id="17", text="a fine film",
+                                                               kept=("en", [4, 5], None))
+    assert mapping.kept_names == ["lang", "stars", "absent"]
+
+
+@pytest.mark.parametrize(("value", "reason", "detail"), [
+    (b'{"review_id": "r", "text": "t"}', Reason.MISSING_TEXT,
+     "no value at /review/body; the object's fields: 'review_id', 'text'"),
+    (b'{"review": {"body": null}}', Reason.MISSING_TEXT, "'/review/body' is null"),
+    (b'{"review": {"body": 3}}', Reason.TEXT_NOT_STRING, "'/review/body' is int"),
+    (b'{"review": {"body": "t"}, "review_id": ""}', Reason.BAD_ID, "'/review_id' is an empty string"),
+    (b'{"review": {"body": "t"}, "review_id": 1.5}', Reason.BAD_ID, "'/review_id' is float"),
+])
+def test_a_record_without_its_mapped_field_is_a_dead_letter_naming_the_path(value, reason, detail):
+    out = decode_review(value, SRC, FieldMapping(text="/review/body", id="/review_id"))
+    assert isinstance(out, DeadLettered) and (out.reason, out.detail) == (reason, detail)
+
+
+def test_without_an_id_field_every_record_is_scored_under_its_coordinates():
+    out = decode_review(b'{"id": "ignored", "text": "t"}', SRC, FieldMapping(id=None))
+    assert out == DecodedRecord(id="reviews/1/9", text="t")
+    absent = decode_review(b'{"body": "t"}', SRC, FieldMapping(text="/body", id="/review_id"))
+    assert isinstance(absent, DecodedRecord) and absent.id == "reviews/1/9"
+
+
+def test_a_raw_value_is_the_text_under_the_records_coordinates():
+    raw = FieldMapping(value_format="raw")
+    assert decode_review("très bien — 映画".encode(), SRC, raw) == DecodedRecord(id="reviews/1/9",
+                                                                                 text="très bien — 映画")
+    assert decode_review(b'\xef\xbb\xbf{"id": 1}', SRC, raw).text == '{"id": 1}'  # BOM dropped, not parsed
+    for value, reason in ((None, Reason.NULL_VALUE), (b"\xff\xfe", Reason.INVALID_UTF8)):
+        out = decode_review(value, SRC, raw)
+        assert isinstance(out, DeadLettered) and out.reason is reason
+
+
+@pytest.mark.parametrize("fields", [{"text": "/body"}, {"keep": ("/lang",)}])
+def test_raw_values_have_no_fields_to_map(fields):
+    with pytest.raises(ConfigError, match="raw values are the text itself"):
+        FieldMapping(value_format="raw", **fields)
