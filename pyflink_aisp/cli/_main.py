@@ -12,6 +12,7 @@ a pyflink-aisp error (printed), 2 on bad usage, 3 when ``verify`` finds a differ
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 
@@ -24,6 +25,17 @@ def _cmd_model_build(args: argparse.Namespace) -> int:
     from pyflink_aisp.models import build_main
 
     return build_main(["--cache-dir", str(args.cache_dir)] if args.cache_dir else [])
+
+
+def _cmd_model_intent(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pyflink_aisp.models import build_intent_classifier
+
+    out = build_intent_classifier(Path(args.out))
+    labels = len(json.loads((out / "config.json").read_text(encoding="utf-8"))["id2label"])
+    print(f"{out}: model.onnx, tokenizer.json, config.json ({labels} labels); run it with --classifier {out}")
+    return 0
 
 
 def _cmd_model_publish(args: argparse.Namespace) -> int:
@@ -130,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     build = model.add_parser("build", help="export MiniLM to ONNX, train the head, cache with sha256")
     build.add_argument("--cache-dir", default=None)
     build.set_defaults(func=_cmd_model_build)
+    intent = model.add_parser("intent-classifier", help="write rag-intent-classifier's 157-intent "
+                              "model (on MiniLM) as a HF classifier directory for --classifier")
+    intent.add_argument("--out", required=True, help="the directory to write")
+    intent.set_defaults(func=_cmd_model_intent)
     publish = model.add_parser("publish", help="hot swap: point a running job's --model-pointer file "
                                                "at a new model file (sha256 computed, atomic replace)")
     publish.add_argument("pointer", help="the pointer JSON file the job watches")

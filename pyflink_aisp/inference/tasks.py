@@ -7,9 +7,10 @@ writes predictions: the Kafka operators render each prediction with
 ``model_sha256``), SQL functions take their row type from :attr:`Task.fields`.
 No operator switches on the type of a prediction.
 
-Two tasks of the project's own handlers live here: :class:`SentimentTask`
-(``score``, ``label``, with ``--with-embedding`` also ``embedding``) and
-:class:`EmbeddingTask` (``embedding``). A user's handler declares its own by
+The tasks of the project's own handlers live here: :class:`SentimentTask`
+(``score``, ``label``, with ``--with-embedding`` also ``embedding``),
+:class:`EmbeddingTask` (``embedding``) and :class:`ClassificationTask` (``label``,
+``score``, optionally ``top_labels`` and ``top_scores``). A user's handler declares its own by
 subclassing :class:`Task` (see ``jobs/examples/lexicon_handler.py``).
 """
 
@@ -29,6 +30,7 @@ from pyflink_aisp.outcome import render_scored, sentiment_label
 
 __all__ = [
     "RESERVED_FIELDS",
+    "ClassificationTask",
     "EmbeddingTask",
     "OutputField",
     "SentimentTask",
@@ -56,6 +58,7 @@ class SqlType(enum.StrEnum):
     BOOLEAN = "BOOLEAN"  #: bool
     ARRAY_FLOAT = "ARRAY<FLOAT>"  #: list of float (float32 values)
     ARRAY_DOUBLE = "ARRAY<DOUBLE>"  #: list of float
+    ARRAY_STRING = "ARRAY<STRING>"  #: list of str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,3 +237,54 @@ class EmbeddingTask(Task):
     def render(self, prediction: Any) -> dict[str, Any]:
         return {"embedding": np.asarray(prediction).tolist()}
 
+
+_TOP_LABELS = OutputField(name="top_labels", sql_type=SqlType.ARRAY_STRING)
+_TOP_SCORES = OutputField(name="top_scores", sql_type=SqlType.ARRAY_DOUBLE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassificationTask(Task):
+    """A sequence classifier: a ``(num_labels,)`` float32 vector of probabilities per text
+    (softmax for single-label, sigmoid per label for multi-label models).
+
+    Fields: ``label`` STRING (the most probable label), ``score`` DOUBLE (its
+    probability), and with ``top_k`` > 0 also ``top_labels`` ARRAY<STRING> and
+    ``top_scores`` ARRAY<DOUBLE>: the ``min(top_k, num_labels)`` most probable labels,
+    most probable first (ties: the lower label index first, as ``numpy.argsort`` with
+    ``kind="stable"`` on the negated scores).
+
+    Attributes:
+        labels: Label names by output index (a HF ``config.json``'s ``id2label``).
+        top_k: How many labels ``top_labels``/``top_scores`` hold (0: neither field).
+
+    Raises:
+        ConfigError: No label, a label twice, or ``top_k`` < 0.
+    """
+
+    labels: tuple[str, ...]
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", tuple(self.labels))
+        if not self.labels or len(set(self.labels)) != len(self.labels):
+            raise ConfigError(f"a classifier needs at least one label and unique names, "
+                              f"got {list(self.labels)}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+
+    @property
+    def fields(self) -> tuple[OutputField, ...]:
+        return (_LABEL, _SCORE, _TOP_LABELS, _TOP_SCORES) if self.top_k else (_LABEL, _SCORE)
+
+    def render(self, prediction: Any) -> dict[str, Any]:
+        scores = np.asarray(prediction, dtype=np.float64)
+        if scores.shape != (len(self.labels),):
+            raise InferenceError(f"expected {len(self.labels)} label scores, got shape {scores.shape}")
+        order = np.argsort(-scores, kind="stable")
+        best = int(order[0])
+        out: dict[str, Any] = {"label": self.labels[best], "score": float(scores[best])}
+        if self.top_k:
+            top = order[: self.top_k]
+            out["top_labels"] = [self.labels[i] for i in top]
+            out["top_scores"] = scores[top].tolist()
+        return out

@@ -3,13 +3,15 @@
 Public API: :func:`ensure_model_assets` → :class:`ModelAssets`,
 :func:`load_model_assets`,
 :func:`build_encoder_model`, :func:`append_sentiment_head`,
-:func:`locate_source_model`, :class:`BertConfig`, :func:`build_main`.
+:func:`locate_source_model`, :class:`BertConfig`, :func:`build_main`;
+:func:`build_intent_classifier` (a third-party 157-intent classifier as a HF directory).
 """
 
 from __future__ import annotations
 
 from pyflink_aisp.models._assets import ModelAssets, assets_dir_name, ensure_model_assets, load_model_assets
 from pyflink_aisp.models._cli import build_main
+from pyflink_aisp.models._intent import INTENT_DISTRIBUTION, build_intent_classifier, locate_intent_models
 from pyflink_aisp.models._onnx_graph import (
     EMBEDDING_OUTPUT,
     INPUT_NAMES,
@@ -27,6 +29,7 @@ from pyflink_aisp.models._source import BertConfig, SourceModel, locate_source_m
 __all__ = [
     "EMBEDDING_OUTPUT",
     "INPUT_NAMES",
+    "INTENT_DISTRIBUTION",
     "PARAPHRASE_DISTRIBUTION",
     "SCORE_OUTPUT",
     "BertConfig",
@@ -36,9 +39,11 @@ __all__ = [
     "append_sentiment_head",
     "assets_dir_name",
     "build_encoder_model",
+    "build_intent_classifier",
     "build_main",
     "ensure_model_assets",
     "load_model_assets",
+    "locate_intent_models",
     "locate_paraphrase_minilm",
     "locate_source_model",
 ]

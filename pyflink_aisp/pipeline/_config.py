@@ -160,6 +160,13 @@ class InferenceOptions:
         'over tokens) or cls (first token) for --encoder-onnx.', job_param='aisp.encoder.pooling')
     encoder_normalize: bool = opt(False, M, 'L2-normalise the vectors of --encoder-onnx.',
         job_param='aisp.encoder.normalize')
+    classifier: Path | None = opt(None, M, 'A Hugging Face sequence-classification model directory '
+        '(config.json with id2label, tokenizer.json, model.onnx) instead of the sentiment model: the job '
+        'writes {"id", "label", "score", "model_sha256"} (softmax, or sigmoid per label for a multi-label '
+        'config).',
+        job_param='aisp.classifier.dir', nullable=True)
+    top_k: int = opt(0, M, 'With --classifier: also write top_labels and top_scores, the K most probable '
+        'labels (0: only label and score).', job_param='aisp.classifier.top-k', minimum=0)
     stats_dir: Path | None = opt(None, M, 'SQL functions: directory where each worker writes its batch '
         'statistics as JSON.', job_param='aisp.stats.dir', nullable=True)
     arrow_batch_size: int = opt(1024, W, 'python.fn-execution.arrow.batch.size: most records per Arrow '
@@ -183,6 +190,12 @@ class InferenceOptions:
             raise ConfigError("--encoder-onnx and --encoder-tokenizer go together")
         if self.encoder_onnx is not None and self.runtime is InferenceRuntime.TORCH:
             raise ConfigError("--encoder-onnx runs on ONNX Runtime: --runtime torch does not apply to it")
+        torch = self.runtime is InferenceRuntime.TORCH
+        if self.classifier is not None and (self.encoder_onnx is not None or torch):
+            raise ConfigError("--classifier runs on ONNX Runtime instead of the sentiment model: "
+                              "--encoder-onnx and --runtime torch do not go with it")
+        if self.top_k and self.classifier is None:
+            raise ConfigError("--top-k applies to --classifier only")
         if self.precision is not Precision.FP32 and self.runtime is not InferenceRuntime.TORCH:
             raise ConfigError(f"--precision {self.precision.value} needs --runtime torch (no "
                               "reduced-precision ONNX model is built)")
@@ -413,6 +426,9 @@ class PipelineOptions(InferenceOptions):
         if len(set(named.values())) < 3:
             raise ConfigError("the input, output and dead-letter topics must differ (a job that reads "
                               f"its own output or dead letters loops without end): {named}")
+        if self.with_embedding and self.classifier is not None:
+            raise ConfigError("--with-embedding is the sentiment model's: a --classifier writes "
+                              "its labels only")
         try:
             self.field_mapping()
         except ConfigError as exc:

@@ -7,6 +7,7 @@ from typing import Any
 from pyflink_aisp.inference import ModelHandler
 from pyflink_aisp.inference.handlers import (
     ExecutionProvider,
+    OnnxClassifierHandler,
     OnnxEncoderHandler,
     SentimentHandler,
     TorchSentimentHandler,
@@ -46,11 +47,12 @@ def onnx_providers(options: InferenceOptions) -> tuple[tuple[ExecutionProvider, 
 
 def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
     """The handler the options name: the sentiment model on ONNX Runtime or PyTorch
-    (``runtime``) on ``device``, or the generic ONNX encoder of ``encoder_onnx`` +
-    ``encoder_tokenizer``.
+    (``runtime``) on ``device``, the generic ONNX encoder of ``encoder_onnx`` +
+    ``encoder_tokenizer``, or the sequence classifier of ``classifier``.
 
     Raises:
-        ModelError: The sentiment assets cannot be found or built.
+        ModelError: The sentiment assets cannot be found or built, or the classifier
+            directory is not one.
         ConfigError: Bad encoder options.
     """
     threads = options.intra_op_threads or None
@@ -62,6 +64,9 @@ def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
             output=options.encoder_output, pooling=options.encoder_pooling,
             normalize=options.encoder_normalize, intra_op_num_threads=threads,
             providers=providers, device_id=device_id)
+    if options.classifier is not None:
+        return OnnxClassifierHandler(model_dir=options.classifier, top_k=options.top_k,
+                                     intra_op_num_threads=threads, providers=providers, device_id=device_id)
     if options.runtime is InferenceRuntime.TORCH:
         return TorchSentimentHandler(model_assets(options), device=options.resolved_device,
                                      intra_op_num_threads=threads, precision=options.precision.value)

@@ -112,6 +112,10 @@ def check_connector_jars(urls: list[str]) -> None:
                           "add kafka-clients to --jars")
 
 
+#: The files of a HF sequence-classification model directory (``--classifier``).
+_CLASSIFIER_FILES = ("config.json", "tokenizer.json", "model.onnx")
+
+
 def check_model_paths(options: InferenceOptions) -> None:
     """The model directory, encoder files and hot-swap pointer directory the options name
     are there and readable (the model build itself is checked when it loads).
@@ -130,6 +134,12 @@ def check_model_paths(options: InferenceOptions) -> None:
     for flag, path in encoder:
         if path is not None and not (path.is_file() and os.access(path, os.R_OK)):
             raise ConfigError(f"{flag} {path} is not a readable file")
+    if options.classifier is not None:
+        missing = [n for n in _CLASSIFIER_FILES if not os.access(options.classifier / n, os.R_OK)]
+        if missing:
+            raise ConfigError(f"--classifier {options.classifier} is not a sequence-classification model "
+                              f"directory: {missing} missing or unreadable (it needs "
+                              f"{list(_CLASSIFIER_FILES)})")
     pointer = options.model_pointer
     if pointer is not None and not pointer.resolve().parent.is_dir():
         raise ConfigError(f"--model-pointer {pointer}: its directory does not exist (publish with "

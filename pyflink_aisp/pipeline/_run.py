@@ -60,6 +60,9 @@ def model_files(options: PipelineOptions) -> dict[str, str]:
     if options.encoder_onnx is not None and options.encoder_tokenizer is not None:
         return {options.encoder_onnx.name: file_sha256(options.encoder_onnx),
                 options.encoder_tokenizer.name: file_sha256(options.encoder_tokenizer)}
+    if options.classifier is not None:
+        return {name: file_sha256(options.classifier / name)
+                for name in ("model.onnx", "tokenizer.json", "config.json")}
     assets = model_assets(options)
     return {assets.onnx_path.name: assets.sha256, assets.tokenizer_path.name: assets.tokenizer_sha256}
 

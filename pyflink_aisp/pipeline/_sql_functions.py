@@ -94,6 +94,7 @@ _DATA_TYPES: dict[SqlType, Callable[[], Any]] = {
     SqlType.BOOLEAN: DataTypes.BOOLEAN,
     SqlType.ARRAY_FLOAT: lambda: DataTypes.ARRAY(DataTypes.FLOAT()),
     SqlType.ARRAY_DOUBLE: lambda: DataTypes.ARRAY(DataTypes.DOUBLE()),
+    SqlType.ARRAY_STRING: lambda: DataTypes.ARRAY(DataTypes.STRING()),
 }
 #: The fields a function's row adds after the task's: who scored it, or why not.
 _TRAILER = ("model_sha256", "reason", "detail")

@@ -2,7 +2,8 @@
 
 ONNX Runtime (in-process, any execution provider): the sentiment model
 :class:`SentimentHandler` / :class:`OnnxSentimentModel` and any text encoder
-:class:`OnnxEncoderHandler`; PyTorch (``torch`` extra, imported only when a model
+:class:`OnnxEncoderHandler`, any HF sequence-classification model directory
+:class:`OnnxClassifierHandler`; PyTorch (``torch`` extra, imported only when a model
 loads): :class:`TorchSentimentHandler` and :class:`TorchEncoderHandler`. The
 encoders share one tokenize / sort-and-cut / pool path (:class:`Pooling`,
 :class:`TokenField`); the sentiment handlers share the hot-swap probe
@@ -19,6 +20,7 @@ from pyflink_aisp.inference.handlers._onnx import (
     normalize_providers,
     provider_device,
 )
+from pyflink_aisp.inference.handlers._onnx_classifier import OnnxClassifierHandler, read_classifier_config
 from pyflink_aisp.inference.handlers._onnx_encoder import OnnxEncoderHandler, OnnxEncoderModel
 from pyflink_aisp.inference.handlers._probe import SWAP_PROBE_TEXTS, check_probe_outputs
 from pyflink_aisp.inference.handlers._sentiment import SentimentHandler, SentimentPrediction
@@ -32,6 +34,7 @@ from pyflink_aisp.inference.handlers._torch_encoder import TorchEncoderHandler, 
 __all__ = [
     "SWAP_PROBE_TEXTS",
     "ExecutionProvider",
+    "OnnxClassifierHandler",
     "OnnxEncoderHandler",
     "OnnxEncoderModel",
     "OnnxSentimentModel",
@@ -48,4 +51,5 @@ __all__ = [
     "normalize_providers",
     "parse_torch_device",
     "provider_device",
+    "read_classifier_config",
 ]

@@ -27,6 +27,12 @@ def test_a_bad_device_exits_2_naming_the_flag(device: str, capsys) -> None:
 @pytest.mark.parametrize(("flags", "message"), [
     (["--runtime", "torch", "--encoder-onnx", "e.onnx", "--encoder-tokenizer", "t.json"],
      "--encoder-onnx runs on ONNX Runtime"),
+    (["--classifier", "d", "--runtime", "torch"], "--classifier runs on ONNX Runtime"),
+    (["--classifier", "d", "--encoder-onnx", "e.onnx", "--encoder-tokenizer", "t.json"],
+     "--encoder-onnx and --runtime torch do not go with it"),
+    (["--top-k", "3"], "--top-k applies to --classifier only"),
+    (["--classifier", "d", "--with-embedding"], "--with-embedding is the sentiment model's"),
+    (["--classifier", "d", "--top-k", "-1"], "--top-k"),
     (["--runtime", "torch", "--model-pointer", "p.json"], "--model-pointer (hot swap) needs --runtime onnx"),
     (["--runtime", "tf"], "--runtime must be one of onnx, torch"),
     (["--onnx-provider", "rocm"], "--onnx-provider must be one of cuda, tensorrt"),

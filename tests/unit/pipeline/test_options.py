@@ -196,15 +196,23 @@ def _non_default(tmp_path: Path) -> InferenceOptions:
 def test_every_job_parameter_round_trips(tmp_path: Path) -> None:
     options = _non_default(tmp_path)
     params = options.job_parameters()
-    assert set(params) == {o.job_param for o in OPTIONS if o.job_param is not None}
+    classifier = ("classifier", "top_k")  # they exclude the encoder: below
+    assert set(params) == {o.job_param for o in OPTIONS if o.job_param is not None and o.name != "classifier"}
     for opt in OPTIONS:  # every job parameter differs from its default here, so each is exercised
-        if opt.job_param is not None and opt.name not in ("runtime", "precision"):  # torch only: below
+        if opt.job_param is not None and opt.name not in ("runtime", "precision", *classifier):
             assert getattr(options, opt.name) != opt.default, opt.name
     assert all(isinstance(v, str) for v in params.values())
     assert InferenceOptions.from_job_parameters(get_from(params)) == options
     # through the JSON of pipeline.global-job-parameters too
     through_json = json.loads(format_job_parameters(params))
     assert InferenceOptions.from_job_parameters(get_from(through_json)) == options
+
+
+def test_the_classifier_job_parameters_round_trip(tmp_path: Path) -> None:
+    options = InferenceOptions(classifier=tmp_path / "intent", top_k=3)
+    params = options.job_parameters()
+    assert (params["aisp.classifier.dir"], params["aisp.classifier.top-k"]) == (str(tmp_path / "intent"), "3")
+    assert InferenceOptions.from_job_parameters(get_from(params)) == options
 
 
 def test_the_runtime_job_parameter_round_trips() -> None:
@@ -241,6 +249,7 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.encoder.output": "none",
         "aisp.encoder.pooling": "mean",
         "aisp.encoder.normalize": "false",
+        "aisp.classifier.top-k": "0",
     }
     assert InferenceOptions.from_job_parameters(get_from(params)) == InferenceOptions()
 

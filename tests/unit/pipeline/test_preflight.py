@@ -110,6 +110,13 @@ def test_model_paths_named_by_the_options_must_be_there(tmp_path: Path, monkeypa
     with pytest.raises(ConfigError) as exc:
         check_model_paths(InferenceOptions(model_pointer=tmp_path / "no" / "dir" / "p.json"))
     assert "its directory does not exist" in _one_line(exc)
+    (tmp_path / "cls").mkdir()
+    (tmp_path / "cls" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError) as exc:
+        check_model_paths(InferenceOptions(classifier=tmp_path / "cls"))
+    assert _one_line(exc) == (f"--classifier {tmp_path}/cls is not a sequence-classification model "
+                              "directory: ['tokenizer.json', 'model.onnx'] missing or unreadable (it needs "
+                              "['config.json', 'tokenizer.json', 'model.onnx'])")
 
 
 def test_every_jar_is_checked_not_only_up_to_the_connector(tmp_path: Path) -> None:

@@ -1,0 +1,175 @@
+"""The sequence-classification handler and task on a small classifier directory built here.
+
+The graph is a fake (a bag of token embeddings, attention-mask mean, one row of 3 logits per
+text) fed by the real all-MiniLM-L6-v2 ``tokenizer.json``; its probabilities are computed again
+in numpy from the tokenizer's own ids (HF ``tokenizers``), so every value here is checked
+against an independent computation. The real third-party classifier runs in the e2e tests.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from tokenizers import Tokenizer
+
+from pyflink_aisp.datasets import load_rotten_tomatoes
+from pyflink_aisp.errors import ConfigError, InferenceError, ModelError
+from pyflink_aisp.inference.handlers import OnnxClassifierHandler, read_classifier_config
+from pyflink_aisp.inference.tasks import ClassificationTask, SqlType, render_prediction
+from pyflink_aisp.inference.testing import check_model_handler
+from pyflink_aisp.models import locate_source_model
+
+LABELS = ("anger", "joy", "surprise")
+
+
+def _bag_graph(table: np.ndarray, output: str = "logits") -> onnx.ModelProto:
+    """logits = sum(table[input_ids] * mask) / sum(mask): ``(batch, len(LABELS))`` float32."""
+    nodes = [
+        helper.make_node("Gather", ["table", "input_ids"], ["emb"]),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["maskf", "two"], ["mask3"]),
+        helper.make_node("Mul", ["emb", "mask3"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "one"], ["total"], keepdims=0),
+        helper.make_node("ReduceSum", ["maskf", "one"], ["count"], keepdims=1),
+        helper.make_node("Div", ["total", "count"], [output]),
+    ]
+    ints = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+            for n in ("input_ids", "attention_mask", "token_type_ids")]
+    graph = helper.make_graph(
+        nodes, "bag", ints,
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", table.shape[1]])],
+        initializer=[numpy_helper.from_array(table, "table"),
+                     numpy_helper.from_array(np.array([1], np.int64), "one"),
+                     numpy_helper.from_array(np.array([2], np.int64), "two")])
+    # token_type_ids is declared (as BERT exports do) but unused: keep it a graph input
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model
+
+
+@pytest.fixture(scope="module")
+def table() -> np.ndarray:
+    source = locate_source_model()
+    vocab = Tokenizer.from_file(str(source.tokenizer_path)).get_vocab_size()
+    return np.random.default_rng(7).normal(scale=3.0, size=(vocab, len(LABELS))).astype(np.float32)
+
+
+def make_dir(root: Path, table: np.ndarray, *, config: dict | None = None, output: str = "logits") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(locate_source_model().tokenizer_path, root / "tokenizer.json")
+    onnx.save_model(_bag_graph(table, output), str(root / "model.onnx"))
+    cfg = config if config is not None else {"id2label": {str(i): n for i, n in enumerate(LABELS)}}
+    (root / "config.json").write_text(json.dumps(cfg))
+    return root
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    return [review.text for review in load_rotten_tomatoes()[:40]]
+
+
+def expected_probabilities(table: np.ndarray, texts: list[str], *, multi_label: bool) -> np.ndarray:
+    tokenizer = Tokenizer.from_file(str(locate_source_model().tokenizer_path))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(128)
+    encodings = tokenizer.encode_batch(texts)
+    logits = np.stack([table[enc.ids].astype(np.float64).mean(axis=0) for enc in encodings])
+    if multi_label:
+        return 1 / (1 + np.exp(-logits))
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_probabilities_are_softmax_or_sigmoid_of_the_logits_per_the_config(tmp_path, table, texts,
+                                                                           multi_label):
+    config: dict = {"id2label": {str(i): n for i, n in enumerate(LABELS)}}
+    if multi_label:
+        config["problem_type"] = "multi_label_classification"
+    handler = OnnxClassifierHandler(model_dir=make_dir(tmp_path, table, config=config), top_k=2)
+    model = handler.load_model()
+    got = np.stack(handler.run_inference(texts, model))
+    want = expected_probabilities(table, texts, multi_label=multi_label)
+    np.testing.assert_allclose(got, want, atol=2e-6)
+    if not multi_label:
+        np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-6)
+    # the rendered fields: the argmax label, its probability, the two best in order
+    rendered = handler.task().render(got[0])
+    order = np.argsort(-want[0])
+    assert rendered == {"label": LABELS[order[0]], "score": pytest.approx(want[0][order[0]], abs=2e-6),
+                        "top_labels": [LABELS[i] for i in order[:2]],
+                        "top_scores": pytest.approx(want[0][order[:2]].tolist(), abs=2e-6)}
+    assert {LABELS[int(np.argmax(row))] for row in want} == set(LABELS), "texts that take every label"
+
+
+def test_the_handler_keeps_the_model_handler_contract(tmp_path, table, texts):
+    report = check_model_handler(OnnxClassifierHandler(model_dir=make_dir(tmp_path, table)), texts[:12])
+    assert report.device == "cpu" and len(report.model_version) == 64
+
+
+def test_the_version_covers_config_json(tmp_path, table):
+    directory = make_dir(tmp_path, table)
+    before = OnnxClassifierHandler(model_dir=directory).model_version()
+    (directory / "config.json").write_text(json.dumps({"id2label": {"0": "a", "1": "b", "2": "c"}}))
+    assert OnnxClassifierHandler(model_dir=directory).model_version() != before
+
+
+def test_task_fields_and_sql_types(tmp_path, table):
+    handler = OnnxClassifierHandler(model_dir=make_dir(tmp_path, table))
+    assert [(f.name, f.sql_type) for f in handler.task().fields] == [("label", SqlType.STRING),
+                                                                    ("score", SqlType.DOUBLE)]
+    assert handler.labels == LABELS
+    task = ClassificationTask(labels=LABELS, top_k=5)
+    assert [(f.name, f.sql_type) for f in task.fields][2:] == [("top_labels", SqlType.ARRAY_STRING),
+                                                              ("top_scores", SqlType.ARRAY_DOUBLE)]
+    # top_k above the number of labels: every label, most probable first; ties keep label order
+    assert task.render(np.array([0.25, 0.5, 0.25], np.float32))["top_labels"] == ["joy", "anger", "surprise"]
+    value = json.loads(render_prediction(task, "r1", np.array([0.1, 0.2, 0.7], np.float32), "v" * 64,
+                                         max_record_bytes=10_000, kept={"lang": "en"}))
+    assert list(value) == ["id", "lang", "label", "score", "top_labels", "top_scores", "model_sha256"]
+    assert value["label"] == "surprise" and value["top_labels"] == ["surprise", "joy", "anger"]
+
+
+def test_a_prediction_of_another_width_is_an_inference_error():
+    with pytest.raises(InferenceError, match="expected 3 label scores"):
+        ClassificationTask(labels=LABELS).render(np.zeros(4))
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({}, "no id2label"),
+    ({"id2label": {"0": "a", "2": "b"}}, "indices 0..1"),
+    ({"id2label": {"zero": "a"}}, "must be label indices"),
+    ({"id2label": {"0": "a", "1": "a"}}, "empty or repeated"),
+    ({"id2label": {"0": "a", "1": "b"}, "problem_type": "regression"}, "regression"),
+])
+def test_bad_configs_are_refused_in_one_line(tmp_path, table, config, message):
+    with pytest.raises(ModelError, match=message):
+        OnnxClassifierHandler(model_dir=make_dir(tmp_path, table, config=config))
+    with pytest.raises(ModelError, match=message):
+        read_classifier_config(tmp_path / "config.json")
+
+
+def test_a_directory_without_its_files_and_a_wrong_output_are_refused(tmp_path, table):
+    with pytest.raises(ModelError, match=r"no \['config.json', 'tokenizer.json', 'model.onnx'\]"):
+        OnnxClassifierHandler(model_dir=tmp_path)
+    handler = OnnxClassifierHandler(model_dir=make_dir(tmp_path / "other", table, output="scores"))
+    with pytest.raises(ModelError, match="has no output 'logits'"):
+        handler.load_model()
+    # more labels in config.json than the graph's logits
+    wide = {"id2label": {str(i): f"l{i}" for i in range(5)}}
+    handler = OnnxClassifierHandler(model_dir=make_dir(tmp_path / "wide", table, config=wide))
+    with pytest.raises(ModelError, match=r"3 values per text but config\.json names 5 labels"):
+        handler.load_model()
+
+
+def test_bad_task_arguments():
+    with pytest.raises(ConfigError, match="top_k"):
+        ClassificationTask(labels=LABELS, top_k=-1)
+    with pytest.raises(ConfigError, match="unique"):
+        ClassificationTask(labels=())
