@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pyflink_aisp.errors import AispError, ConfigError
 
@@ -35,6 +36,31 @@ def _cmd_model_intent(args: argparse.Namespace) -> int:
     out = build_intent_classifier(Path(args.out))
     labels = len(json.loads((out / "config.json").read_text(encoding="utf-8"))["id2label"])
     print(f"{out}: model.onnx, tokenizer.json, config.json ({labels} labels); run it with --classifier {out}")
+    return 0
+
+
+#: Texts the classifier check scores (written for it).
+_PROBE_TEXTS = ("set a timer for ten minutes", "this film was a joy from start to finish")
+
+
+def _cmd_model_check(args: argparse.Namespace) -> int:
+    from pyflink_aisp.inference.handlers import OnnxClassifierHandler
+
+    handler = OnnxClassifierHandler(model_dir=args.directory, top_k=3)
+    model = handler.load_model()  # the graph's inputs, output and label axis are checked here
+    inputs = ", ".join(f"{a.name} {a.type} {a.shape}" for a in model.session.get_inputs())
+    output = next(a for a in model.session.get_outputs() if a.name == model.output)
+    labels = handler.labels
+    print(f"{args.directory}: classifier, {len(labels)} labels ({', '.join(labels[:5])}"
+          f"{', ...' if len(labels) > 5 else ''})")
+    print(f"inputs:  {inputs}")
+    print(f"output:  {output.name} {output.type} {output.shape}")
+    print(f"fields:  {', '.join(f'{f.name} {f.sql_type.value}' for f in handler.task().fields)}")
+    print(f"version: {handler.model_version()}")
+    scored = handler.run_inference(list(_PROBE_TEXTS), model)
+    for text, probabilities in zip(_PROBE_TEXTS, scored, strict=True):
+        top = handler.task().render(probabilities)
+        print(f"probe:   {text!r} -> {top['label']} {top['score']:.4f}")
     return 0
 
 
@@ -146,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "model (on MiniLM) as a HF classifier directory for --classifier")
     intent.add_argument("--out", required=True, help="the directory to write")
     intent.set_defaults(func=_cmd_model_intent)
+    check = model.add_parser("check", help="load a --classifier directory, show its labels, inputs, "
+                             "output and fields, and score two probe texts (exit 1, one line, if it "
+                             "cannot serve)")
+    check.add_argument("directory", type=Path, help="the HF sequence-classification model directory")
+    check.set_defaults(func=_cmd_model_check)
     publish = model.add_parser("publish", help="hot swap: point a running job's --model-pointer file "
                                                "at a new model file (sha256 computed, atomic replace)")
     publish.add_argument("pointer", help="the pointer JSON file the job watches")

@@ -202,7 +202,8 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
         Raises:
             ModelError: A file is missing or does not load, a provider is
                 unavailable or dropped by ORT (no fallback), a graph input is not
-                fed or is not an integer tensor, a mapped input does not exist,
+                fed, is not an integer tensor or has a static batch size, a mapped
+                input does not exist,
                 or ``output`` does not exist / its declared rank or type does
                 not fit ``pooling``.
             ChecksumError: The files changed since :meth:`model_version` was taken.
@@ -231,6 +232,12 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
             ModelError: As :meth:`load_model` for inputs.
         """
         declared = {arg.name: arg.type for arg in session.get_inputs()}
+        static = {arg.name: arg.shape[0] for arg in session.get_inputs()
+                  if isinstance(arg.shape, list) and arg.shape and isinstance(arg.shape[0], int)}
+        if static:
+            raise ModelError(f"graph input(s) {sorted(static)} of {self._model_path} have a static batch "
+                             f"size {sorted(set(static.values()))}: the job sends batches of any size; "
+                             "export the graph with a dynamic batch axis")
         mapping = self._inputs
         if mapping is None:
             mapping = {field: field.value for field in TokenField if field.value in declared}

@@ -28,7 +28,7 @@ from pyflink_aisp.models import locate_source_model
 LABELS = ("anger", "joy", "surprise")
 
 
-def _bag_graph(table: np.ndarray, output: str = "logits") -> onnx.ModelProto:
+def _bag_graph(table: np.ndarray, output: str = "logits", batch: int | str = "batch") -> onnx.ModelProto:
     """logits = sum(table[input_ids] * mask) / sum(mask): ``(batch, len(LABELS))`` float32."""
     nodes = [
         helper.make_node("Gather", ["table", "input_ids"], ["emb"]),
@@ -39,7 +39,7 @@ def _bag_graph(table: np.ndarray, output: str = "logits") -> onnx.ModelProto:
         helper.make_node("ReduceSum", ["maskf", "one"], ["count"], keepdims=1),
         helper.make_node("Div", ["total", "count"], [output]),
     ]
-    ints = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+    ints = [helper.make_tensor_value_info(n, TensorProto.INT64, [batch, "seq"])
             for n in ("input_ids", "attention_mask", "token_type_ids")]
     graph = helper.make_graph(
         nodes, "bag", ints,
@@ -60,10 +60,11 @@ def table() -> np.ndarray:
     return np.random.default_rng(7).normal(scale=3.0, size=(vocab, len(LABELS))).astype(np.float32)
 
 
-def make_dir(root: Path, table: np.ndarray, *, config: dict | None = None, output: str = "logits") -> Path:
+def make_dir(root: Path, table: np.ndarray, *, config: dict | None = None, output: str = "logits",
+             batch: int | str = "batch") -> Path:
     root.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(locate_source_model().tokenizer_path, root / "tokenizer.json")
-    onnx.save_model(_bag_graph(table, output), str(root / "model.onnx"))
+    onnx.save_model(_bag_graph(table, output, batch), str(root / "model.onnx"))
     cfg = config if config is not None else {"id2label": {str(i): n for i, n in enumerate(LABELS)}}
     (root / "config.json").write_text(json.dumps(cfg))
     return root
@@ -166,6 +167,26 @@ def test_a_directory_without_its_files_and_a_wrong_output_are_refused(tmp_path, 
     handler = OnnxClassifierHandler(model_dir=make_dir(tmp_path / "wide", table, config=wide))
     with pytest.raises(ModelError, match=r"3 values per text but config\.json names 5 labels"):
         handler.load_model()
+
+
+def test_a_graph_with_a_static_batch_size_is_refused_at_load(tmp_path, table):
+    handler = OnnxClassifierHandler(model_dir=make_dir(tmp_path, table, batch=4))
+    with pytest.raises(ModelError, match=r"have a static batch size \[4\]: the job sends batches"):
+        handler.load_model()
+
+
+def test_aisp_model_check_shows_the_classifier_and_refuses_a_bad_one_in_one_line(tmp_path, table, capsys):
+    from pyflink_aisp.cli import main
+
+    assert main(["model", "check", str(make_dir(tmp_path / "ok", table))]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{tmp_path}/ok: classifier, 3 labels (anger, joy, surprise)"
+    assert out[2] == "output:  logits tensor(float) ['batch', 3]"
+    assert out[3] == "fields:  label STRING, score DOUBLE, top_labels ARRAY<STRING>, top_scores ARRAY<DOUBLE>"
+    assert [line.split(" -> ")[1].split()[0] in LABELS for line in out[5:]] == [True, True]
+    assert main(["model", "check", str(make_dir(tmp_path / "static", table, batch=1))]) == 1
+    (err,) = capsys.readouterr().err.splitlines()
+    assert err.startswith("aisp: error: graph input(s) ['attention_mask', 'input_ids', 'token_type_ids'] of ")
 
 
 def test_bad_task_arguments():
