@@ -179,7 +179,8 @@ def render_prediction(
         prediction: What the handler returned for the record.
         model_version: sha256 of the model that scored it.
         max_record_bytes: Most UTF-8 bytes of key + value the sink can write.
-        kept: The input record's fields the job keeps (a :class:`~pyflink_aisp.kafka.FieldMapping`).
+        kept: The input record's fields the job keeps (a :class:`~pyflink_aisp.kafka.FieldMapping`);
+            one named like a task field is not written (the task's own value is).
 
     Raises:
         InferenceError: The task cannot render the prediction, or a value is NaN,
@@ -187,6 +188,8 @@ def render_prediction(
         OversizedOutputError: Key + value exceed ``max_record_bytes`` (``oversized_output``).
     """
     rendered = render_fields(task, prediction)
+    if kept:  # with every field kept (--keep-fields '*'), a field named like an output field yields to it
+        kept = {k: v for k, v in kept.items() if k not in rendered}
     extra_names = [f.name for f in task.fields if f.extra]
     if not extra_names:
         return render_scored(record_id, rendered, model_version, kept=kept, max_record_bytes=max_record_bytes)

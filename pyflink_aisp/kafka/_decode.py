@@ -72,13 +72,14 @@ class DecodedRecord:
         id: The record's ``id`` as a string (from the JSON, else its coordinates).
         text: The text to score (may be empty).
         label: The ``label`` field if present (any JSON scalar), else None.
-        kept: The values of the mapping's kept fields, in its order (None where absent).
+        kept: ``(name, value)`` of the mapping's kept fields, in its order (value None where
+            absent; with ``keep=("*",)`` every top-level field but the text and id fields).
     """
 
     id: str
     text: str
     label: Any = None
-    kept: tuple[Any, ...] = ()
+    kept: tuple[tuple[str, Any], ...] = ()
 
 
 _BOM = "\ufeff"
@@ -168,6 +169,15 @@ def _dead_letter(reason: Reason, detail: str, source: KafkaCoordinates, value: b
                         offset=source.offset, value=value)
 
 
+def _kept(obj: dict[str, Any], mapping: FieldMapping) -> tuple[tuple[str, Any], ...]:
+    """The kept ``(name, value)`` pairs of one record (:attr:`DecodedRecord.kept`)."""
+    if mapping.keep_all:
+        skip = mapping.keep_all_skips
+        return tuple((name, value) for name, value in obj.items() if name not in skip)
+    return tuple((name, None if is_missing(v := resolve_pointer(obj, path)) else v)
+                 for name, path in zip(mapping.kept_names, mapping.keep_paths, strict=True))
+
+
 def decode_review(value: bytes | None, source: KafkaCoordinates,
                   mapping: FieldMapping = DEFAULT_MAPPING) -> DecodedRecord | DeadLettered:
     """Decode one Kafka record value.
@@ -191,15 +201,14 @@ def decode_review(value: bytes | None, source: KafkaCoordinates,
             if "text" not in obj or obj["text"] is None:
                 raise DecodeError(Reason.MISSING_TEXT.value, _missing_text(obj))
             text, rid = obj["text"], obj.get("id")
-            kept: tuple[Any, ...] = ()
+            kept: tuple[tuple[str, Any], ...] = ()
         else:
             text = resolve_pointer(obj, mapping.text_path)
             if is_missing(text) or text is None:
                 raise DecodeError(Reason.MISSING_TEXT.value, _missing_at(obj, mapping.text, text))
             rid = None if mapping.id_path is None else resolve_pointer(obj, mapping.id_path)
             rid = None if is_missing(rid) else rid
-            kept = tuple(None if is_missing(v := resolve_pointer(obj, path)) else v
-                         for path in mapping.keep_paths)
+            kept = _kept(obj, mapping)
         if not isinstance(text, str):
             raise DecodeError(
                 Reason.TEXT_NOT_STRING.value, f"'{_name(mapping.text)}' is {type(text).__name__}"

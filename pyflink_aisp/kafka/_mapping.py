@@ -82,7 +82,9 @@ class FieldMapping:
         id: JSON Pointer to the id (a non-empty string or an integer); absent, null or
             None here: the record's ``topic/partition/offset``.
         keep: JSON Pointers of fields copied unchanged into the output, each under its
-            last token's name (``/meta/lang`` → ``lang``), null where the record has none.
+            last token's name (``/meta/lang`` → ``lang``), null where the record has none;
+            ``("*",)``: every top-level field of each record except the text's and the id's
+            own (and ``id`` / ``model_sha256``), in the record's order.
         value_format: JSON objects, or raw UTF-8 text (the whole value is the text, the id
             the record's coordinates, nothing to keep).
 
@@ -108,7 +110,10 @@ class FieldMapping:
                               "values only")
         object.__setattr__(self, "text_path", parse_pointer(self.text))
         object.__setattr__(self, "id_path", None if self.id is None else parse_pointer(self.id))
-        object.__setattr__(self, "keep_paths", tuple(parse_pointer(p) for p in self.keep))
+        if "*" in self.keep and self.keep != ("*",):
+            raise ConfigError(f"'*' keeps every field: give it alone, got {list(self.keep)}")
+        paths = () if self.keep_all else tuple(parse_pointer(p) for p in self.keep)
+        object.__setattr__(self, "keep_paths", paths)
         names = self.kept_names
         clash = sorted({n for n in names if names.count(n) > 1} | (set(names) & _RESERVED))
         if clash:
@@ -119,6 +124,18 @@ class FieldMapping:
     def kept_names(self) -> list[str]:
         """The output names of the kept fields, in order."""
         return [path[-1] for path in self.keep_paths]
+
+    @property
+    def keep_all(self) -> bool:
+        """Whether every top-level field is kept (``keep=("*",)``)."""
+        return self.keep == ("*",)
+
+    @property
+    def keep_all_skips(self) -> frozenset[str]:
+        """With :attr:`keep_all`: the top-level names not kept (the text's and the id's own
+        field, and the output's ``id`` / ``model_sha256``)."""
+        own = {path[0] for path in (self.text_path, self.id_path) if path is not None and len(path) == 1}
+        return frozenset(own | _RESERVED)
 
     @property
     def is_default(self) -> bool:

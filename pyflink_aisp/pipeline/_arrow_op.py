@@ -105,8 +105,7 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         self._task = check_task(handler.task(with_embedding=with_embedding))
         self._max_record_bytes = max_record_bytes
         self._mapping = mapping
-        self._kept_names = tuple(mapping.kept_names)
-        check_kept_names(self._kept_names, self._task)
+        check_kept_names(mapping.kept_names, self._task)
         spec = WorkerSpec.of(handler, batching=batching, swap=swap, breaker=breaker, affinity=affinity,
                              dead_letters=dead_letters)
         self._shell = OperatorShell(spec, counters=_COUNTERS, windows=_WINDOWS, open_lease=open_lease)
@@ -177,7 +176,7 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         error and the letter."""
         if not isinstance(outcome, BaseException):
             try:
-                kept = dict(zip(self._kept_names, record.kept, strict=True)) if self._kept_names else None
+                kept = dict(record.kept) if record.kept else None
                 return (record.id, render_prediction(self._task, record.id, outcome.prediction,
                                                      outcome.model_version, kept=kept,
                                                      max_record_bytes=self._max_record_bytes)), None, None

@@ -233,7 +233,7 @@ def _scored_table(
     check_kept_names(mapping.kept_names, task)
     scorer = BatchedInferenceFunction(
         handler, batching=options.batching(), prepare=partial(decode_row, mapping=mapping), extract=_text,
-        emit=_async_output(task, max_record_bytes, tuple(mapping.kept_names)),
+        emit=_async_output(task, max_record_bytes),
         dead_letter=_async_dead_letter(max_record_bytes, mapping), swap=options.swap(),
         breaker=options.breaker(), affinity=options.affinity(), dead_letters=options.dead_letter_watch())
     wait = AsyncDataStream.ordered_wait if options.ordered else AsyncDataStream.unordered_wait
@@ -272,9 +272,9 @@ def _text(record: Row) -> str:
     return str(record[1])
 
 
-def _async_output(task: Task, max_record_bytes: int, kept_names: tuple[str, ...]) -> Any:
+def _async_output(task: Task, max_record_bytes: int) -> Any:
     def emit(record: Row, prediction: Any, version: str) -> Row:
-        kept = dict(zip(kept_names, record[5], strict=True)) if kept_names else None
+        kept = dict(record[5]) if record[5] else None
         value = render_prediction(task, record[0], prediction, version, max_record_bytes=max_record_bytes,
                                   kept=kept)
         return Row(key=record[0], value=value, dead=False, source=_source(record[2], record[3], record[4]))

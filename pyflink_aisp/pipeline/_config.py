@@ -341,7 +341,7 @@ class PipelineOptions(InferenceOptions):
         nullable=True)
     keep_fields: str | None = opt(None, J, "Fields of the input record copied unchanged into each output, "
         "after its id: comma-separated JSON Pointers, each written under its last name (/meta/lang -> "
-        "lang; null where a record has none).")
+        "lang; null where a record has none); '*': every top-level field but the text's and the id's.")
     bootstrap_servers: str | None = opt(None, J, 'Kafka bootstrap servers (default: $AISP_KAFKA_BOOTSTRAP, '
         'else 127.0.0.1:$AISP_KAFKA_PORT).')
     job_name: str | None = opt(None, J, 'Name of the job: the Flink job name, and the consumer group and '

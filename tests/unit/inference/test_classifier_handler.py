@@ -135,6 +135,10 @@ def test_task_fields_and_sql_types(tmp_path, table):
                                          max_record_bytes=10_000, kept={"lang": "en"}))
     assert list(value) == ["id", "lang", "label", "score", "top_labels", "top_scores", "model_sha256"]
     assert value["label"] == "surprise" and value["top_labels"] == ["surprise", "joy", "anger"]
+    # a kept field named like a task field (every field kept, --keep-fields '*') yields to the task's
+    value = json.loads(render_prediction(task, "r1", np.array([0.1, 0.2, 0.7], np.float32), "v" * 64,
+                                         max_record_bytes=10_000, kept={"label": "spoof", "lang": "en"}))
+    assert value["label"] == "surprise" and list(value)[:3] == ["id", "lang", "label"]
 
 
 def test_a_prediction_of_another_width_is_an_inference_error():

@@ -50,8 +50,23 @@ def test_a_record_of_another_shape_decodes_by_its_mapping_with_nested_fields_and
     value = json.dumps({"review_id": 17, "review": {"body": "a fine film"}, "lang": "en",
                         "meta": {"stars": [4, 5]}}).encode()
     assert decode_review(value, SRC, mapping) == DecodedRecord(id="17", text="a fine film",
-                                                               kept=("en", [4, 5], None))
+                                                               kept=(("lang", "en"), ("stars", [4, 5]),
+                                                                     ("absent", None)))
     assert mapping.kept_names == ["lang", "stars", "absent"]
+
+
+def test_star_keeps_every_top_level_field_but_the_text_and_id_in_the_records_order():
+    mapping = FieldMapping(text="/body", id="/review_id", keep=("*",))
+    value = json.dumps({"lang": "en", "review_id": "r1", "body": "a fine film", "meta": {"stars": 4},
+                        "model_sha256": "x", "id": "spoof"}).encode()
+    out = decode_review(value, SRC, mapping)
+    assert out == DecodedRecord(id="r1", text="a fine film", kept=(("lang", "en"), ("meta", {"stars": 4})))
+    # a nested text: its top-level parent is kept whole
+    nested = FieldMapping(text="/review/body", keep=("*",))
+    value = json.dumps({"review": {"body": "t"}, "id": 5, "lang": "de"}).encode()
+    assert decode_review(value, SRC, nested).kept == (("review", {"body": "t"}), ("lang", "de"))
+    with pytest.raises(ConfigError, match="'\\*' keeps every field: give it alone"):
+        FieldMapping(keep=("*", "/lang"))
 
 
 @pytest.mark.parametrize(("value", "reason", "detail"), [
