@@ -4,7 +4,8 @@
 ``ensure_jars(JarKind.FLINK)`` the Flink Kafka SQL connector (uber jar) that jobs
 load through ``pipeline.jars``, ``ensure_jars(JarKind.SQL_GATEWAY)`` the SQL gateway
 jar that ``bin/sql-client.sh`` needs (``aisp sql``), ``ensure_jars(JarKind.K8S_OPERATOR)``
-the Flink Kubernetes Operator's API jar (its CRD schemas, for the manifest checks). Jars
+the Flink Kubernetes Operator's API jar (its CRD schemas, for the manifest checks),
+``ensure_jars(JarKind.SCHEMA_REGISTRY)`` Apicurio Registry's bundle (a zip). Jars
 land in ``<aisp_home>/jars/<kind>/`` next to a marker holding the pom's sha256, so editing
 a pom re-resolves on next use.
 
@@ -53,6 +54,8 @@ class JarKind(StrEnum):
     SQL_GATEWAY = "sql-gateway"
     #: the Flink Kubernetes Operator's API jar (its CRDs; read by the manifest checks, never run)
     K8S_OPERATOR = "flink-kubernetes-operator"
+    #: Apicurio Registry's runnable bundle (a zip), a Confluent-compatible Schema Registry
+    SCHEMA_REGISTRY = "schema-registry"
 
     @property
     def pom_name(self) -> str:
@@ -62,6 +65,7 @@ class JarKind(StrEnum):
             "flink": "flink-connectors.pom.xml",
             "sql-gateway": "flink-sql-gateway.pom.xml",
             "flink-kubernetes-operator": "flink-kubernetes-operator.pom.xml",
+            "schema-registry": "schema-registry.pom.xml",
         }[self.value]
 
 
@@ -193,7 +197,7 @@ def _resolve_into(pom: Path, pom_sha256: str, dest: Path, timeout_s: float) -> l
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
         _run_maven(tools["mvn"], pom, tmp, timeout_s)
-        jars = sorted(p.name for p in tmp.glob("*.jar"))
+        jars = sorted(p.name for p in tmp.iterdir() if p.suffix in (".jar", ".zip"))  # zip: a bundle
         if not jars:
             raise EnvironmentSetupError(f"Maven resolved no jars from {pom}")
         marker = {"pom": str(pom), "pom_sha256": pom_sha256, "jars": jars}

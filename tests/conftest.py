@@ -87,3 +87,17 @@ def review_job():
     sys.modules["review_sentiment"] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The Confluent API URL of a real Schema Registry: ``SCHEMA_REGISTRY_URL`` when set, else
+    Apicurio Registry started by the suite (in memory, a free loopback port), stopped at the end."""
+    env = os.environ.get("SCHEMA_REGISTRY_URL")
+    if env:
+        yield env
+        return
+    from pyflink_aisp.local import SchemaRegistryServer
+
+    with SchemaRegistryServer(tmp_path_factory.mktemp("schema-registry") / "registry.log") as server:
+        yield server.url

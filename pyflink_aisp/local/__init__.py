@@ -35,6 +35,7 @@ from pyflink_aisp.local._kafka import (
     render_server_properties,
 )
 from pyflink_aisp.local._procs import find_free_port, port_is_free, wait_until
+from pyflink_aisp.local._schema_registry import CCOMPAT_PATH, SchemaRegistryServer, ensure_schema_registry
 from pyflink_aisp.local._stack import (
     ENV_VARS,
     LocalStack,
@@ -48,6 +49,7 @@ from pyflink_aisp.local._stack import (
 from pyflink_aisp.local._workers import orphaned_workers, python_workers, reap_processes
 
 __all__ = [
+    "CCOMPAT_PATH",
     "ENV_VARS",
     "FlinkCluster",
     "FlinkClusterConfig",
@@ -55,12 +57,14 @@ __all__ = [
     "KafkaBrokerConfig",
     "LocalStack",
     "LocalStackConfig",
+    "SchemaRegistryServer",
     "ServiceStatus",
     "StackStatus",
     "add_local_commands",
     "broker_answers",
     "daemon_env",
     "default_state_dir",
+    "ensure_schema_registry",
     "find_free_port",
     "flink_env",
     "flink_overview",
