@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--lexicon", type=Path, required=True, help="the lexicon file (trained when missing)")
     own, rest = parser.parse_known_args(argv)
-    from pyflink_aisp.pipeline import PipelineOptions
+    from pyflink_aisp.pipeline import options_from_args
 
-    options = PipelineOptions.from_args(rest, description=__doc__.split("\n\n")[0])
+    options = options_from_args(rest, description=__doc__.split("\n\n")[0])
     from pyflink_aisp.pipeline.flink import run_job
 
     return run_job(options, _handler(own.lexicon.resolve()), prog="lexicon_job")

@@ -19,7 +19,7 @@ __all__ = ["add_alignment_commands"]
 
 
 def _cmd_backfill(args: argparse.Namespace, rest: list[str]) -> int:
-    from pyflink_aisp.pipeline import PipelineOptions
+    from pyflink_aisp.pipeline import options_from_args
 
     argv = list(rest)
     flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
@@ -31,7 +31,7 @@ def _cmd_backfill(args: argparse.Namespace, rest: list[str]) -> int:
         argv += ["--job-name", f"{args.stream_job}-backfill"]
     if "--manifest-dir" not in flags:
         argv += ["--manifest-dir", "manifests"]
-    options = PipelineOptions.from_args(argv, description="aisp backfill: the job's options")
+    options = options_from_args(argv, description="aisp backfill: the job's options")
     from pyflink_aisp.pipeline.flink import run_job
 
     return run_job(options, prog="aisp backfill")

@@ -2,7 +2,8 @@
 
 Subcommands: ``local up|down|status`` (embedded Kafka broker + Flink cluster),
 ``affinity serve|topology|leases`` (GPU affinity side service),
-``model build|publish``, ``ingest`` (real reviews → Kafka), ``verify`` (two runs'
+``model build|publish|intent-classifier|intent-head|check``, ``models list|check`` (the
+model registry), ``ingest`` (real reviews → Kafka), ``verify`` (two runs'
 outputs or manifests agree), ``backfill`` (re-score up to a stream's checkpoint),
 ``demo`` (the main job end to end), ``package`` (the job for a cluster without the
 venv), ``sql`` (Flink SQL on the local cluster). Exit status 0 on success, 1 on
@@ -177,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "cannot serve)")
     check.add_argument("directory", type=Path, help="the HF sequence-classification model directory")
     check.set_defaults(func=_cmd_model_check)
+    from pyflink_aisp.cli._models import add_model_registry_commands
+
+    add_model_registry_commands(sub, model)
     publish = model.add_parser("publish", help="hot swap: point a running job's --model-pointer file "
                                                "at a new model file (sha256 computed, atomic replace)")
     publish.add_argument("pointer", help="the pointer JSON file the job watches")

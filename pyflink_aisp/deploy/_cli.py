@@ -38,7 +38,7 @@ def _cmd_sql(args: argparse.Namespace) -> int:
 
     stack = LocalStack(LocalStackConfig.from_env(state_dir=args.state_dir))
     extra = [item for pair in (("-D", d) for d in args.define) for item in pair]
-    result = run_sql(stack, args.file, extra_args=extra)
+    result = run_sql(stack, args.file, extra_args=extra, models=args.models)
     if args.file is None:
         return result.returncode
     for job_id in result.job_ids:
@@ -77,5 +77,8 @@ def add_deploy_commands(subparsers: Any) -> None:
     sql.add_argument("file", nargs="?", type=Path, default=None, help="SQL script (-f); none: interactive")
     sql.add_argument("-D", dest="define", action="append", default=[], metavar="KEY=VALUE",
                      help="Flink configuration for the session (repeatable)")
+    sql.add_argument("--models", type=Path, default=None, metavar="FILE",
+                     help="a model registry (YAML): each model NAME is the SQL function "
+                          "'pyflink_aisp.pipeline.registry.NAME' (checked before the client starts)")
     sql.add_argument("--state-dir", type=Path, default=None, help=argparse.SUPPRESS)
     sql.set_defaults(func=_cmd_sql)

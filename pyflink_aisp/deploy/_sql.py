@@ -24,6 +24,7 @@ from pathlib import Path
 from pyflink_aisp.errors import ConfigError, EnvironmentSetupError
 from pyflink_aisp.jars import JarKind, ensure_jars, flink_connector_jars
 from pyflink_aisp.local import LocalStack, pyflink_home
+from pyflink_aisp.pipeline import MODELS_ENV, load_registry
 
 __all__ = ["SqlRun", "job_ids", "run_sql", "sql_client_command"]
 
@@ -128,7 +129,8 @@ class SqlRun:
 
 
 def run_sql(stack: LocalStack, file: Path | None, *, extra_args: Sequence[str] = (),
-            echo: bool = True, timeout_s: float | None = None) -> SqlRun:  # fmt: skip
+            echo: bool = True, timeout_s: float | None = None,
+            models: Path | None = None) -> SqlRun:  # fmt: skip
     """Run the SQL client: a script (output captured, echoed) or an interactive session.
 
     Args:
@@ -137,11 +139,17 @@ def run_sql(stack: LocalStack, file: Path | None, *, extra_args: Sequence[str] =
         extra_args: More ``sql-client.sh`` arguments (e.g. ``-D key=value``).
         echo: Print the client's output as it comes (script mode).
         timeout_s: Longest run of a script.
+        models: A model registry file: read here first (a bad entry fails in one line before the
+            client starts), then named by ``$AISP_MODELS`` for the client, which resolves
+            ``pyflink_aisp.pipeline.registry.NAME`` functions from it.
 
     Raises:
-        As :func:`sql_client_command`.
+        As :func:`sql_client_command`; ConfigError: the registry is refused.
     """
     argv, env = sql_client_command(stack, file)
+    if models is not None:
+        load_registry(models)
+        env[MODELS_ENV] = str(Path(models).resolve())
     argv += list(extra_args)
     if file is None:
         return SqlRun(returncode=subprocess.call(argv, env=env), output="")

@@ -10,7 +10,8 @@ No operator switches on the type of a prediction.
 The tasks of the project's own handlers live here: :class:`SentimentTask`
 (``score``, ``label``, with ``--with-embedding`` also ``embedding``),
 :class:`EmbeddingTask` (``embedding``) and :class:`ClassificationTask` (``label``,
-``score``, optionally ``top_labels`` and ``top_scores``). A user's handler declares its own by
+``score``, optionally ``top_labels`` and ``top_scores``) and :class:`PredictionTask` (one field
+per output of a numeric model, declared by the model's graph). A user's handler declares its own by
 subclassing :class:`Task` (see ``jobs/examples/lexicon_handler.py``).
 """
 
@@ -33,6 +34,7 @@ __all__ = [
     "ClassificationTask",
     "EmbeddingTask",
     "OutputField",
+    "PredictionTask",
     "SentimentTask",
     "SqlType",
     "Task",
@@ -291,3 +293,57 @@ class ClassificationTask(Task):
             out["top_labels"] = [self.labels[i] for i in top]
             out["top_scores"] = scores[top].tolist()
         return out
+
+
+_PLAIN = {
+    SqlType.STRING: str, SqlType.DOUBLE: float, SqlType.BIGINT: int, SqlType.BOOLEAN: bool,
+}
+
+
+def _plain(field: OutputField, value: Any) -> Any:
+    """One output value of a row as the plain Python value of its SQL type."""
+    if field.sql_type in _PLAIN:
+        item = value.item() if isinstance(value, np.generic | np.ndarray) else value
+        if isinstance(item, bytes):
+            item = item.decode("utf-8")
+        return _PLAIN[field.sql_type](item)
+    array = np.asarray(value)
+    if array.ndim != 1:
+        raise InferenceError(f"{field.name}: expected a (k,) vector per row, got shape {array.shape}")
+    if field.sql_type is SqlType.ARRAY_STRING:
+        return [str(v) for v in array.tolist()]
+    return array.astype(np.float64).tolist()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictionTask(Task):
+    """A numeric model's outputs, one field per output: a prediction is a mapping of the
+    field names to one row's value of each output (a numpy scalar or ``(k,)`` vector).
+
+    Which fields a model has comes from its graph (:class:`~pyflink_aisp.inference.handlers.
+    OnnxPredictorHandler` declares them): e.g. a scikit-learn classifier exported by
+    ``skl2onnx`` with ``zipmap=False`` has ``label`` STRING or BIGINT and ``probabilities``
+    ARRAY<FLOAT>; a regressor one DOUBLE.
+
+    Attributes:
+        outputs: The fields, in the graph's output order.
+
+    Raises:
+        ConfigError: No field, or a name twice.
+    """
+
+    outputs: tuple[OutputField, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        names = [f.name for f in self.outputs]
+        if not names or len(set(names)) != len(names):
+            raise ConfigError(f"a prediction task needs at least one output field and unique names, "
+                              f"got {names}")
+
+    @property
+    def fields(self) -> tuple[OutputField, ...]:
+        return self.outputs
+
+    def render(self, prediction: Any) -> dict[str, Any]:
+        return {f.name: _plain(f, prediction[f.name]) for f in self.outputs}

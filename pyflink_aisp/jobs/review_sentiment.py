@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import sys
 
-from pyflink_aisp.pipeline import PipelineOptions
+from pyflink_aisp.pipeline import options_from_args
 
 __all__ = ["MODULE", "main"]
 
@@ -48,7 +48,7 @@ MODULE = "pyflink_aisp.jobs.review_sentiment"
 
 def main(argv: list[str] | None = None) -> int:
     """Run the job; returns the exit status (1 on a pyflink-aisp error, printed in one line)."""
-    options = PipelineOptions.from_args(argv, description=__doc__.split("\n\n")[0])
+    options = options_from_args(argv, description=__doc__.split("\n\n")[0])
     from pyflink_aisp.pipeline.flink import run_job  # imports PyFlink: after --help and flag errors
 
     return run_job(options, prog="review_sentiment")

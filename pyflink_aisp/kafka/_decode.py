@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyflink_aisp.errors import DecodeError
+from pyflink_aisp.kafka._avro import decode_avro, jsonable, registry_client
 from pyflink_aisp.kafka._mapping import (
     DEFAULT_MAPPING,
     FieldMapping,
@@ -70,7 +71,7 @@ class DecodedRecord:
 
     Attributes:
         id: The record's ``id`` as a string (from the JSON, else its coordinates).
-        text: The text to score (may be empty).
+        text: The text to score (may be empty; ``""`` for a record read for its features).
         label: The ``label`` field if present (any JSON scalar), else None.
         kept: ``(name, value)`` of the mapping's kept fields, in its order (value None where
             absent; with ``keep=("*",)`` every top-level field but the text and id fields).
@@ -80,6 +81,12 @@ class DecodedRecord:
     text: str
     label: Any = None
     kept: tuple[tuple[str, Any], ...] = ()
+    features: tuple[float, ...] | None = None
+
+    @property
+    def model_input(self) -> Any:
+        """What the model gets: the feature vector of a mapping with features, else the text."""
+        return self.text if self.features is None else self.features
 
 
 _BOM = "\ufeff"
@@ -196,12 +203,25 @@ def decode_review(value: bytes | None, source: KafkaCoordinates,
     try:
         if mapping.value_format is ValueFormat.RAW:
             return _decode_raw(value, source)
-        obj = _parse(value)
-        if mapping.is_default:
+        if mapping.value_format is ValueFormat.AVRO:
+            if value is None:
+                raise DecodeError(Reason.NULL_VALUE.value, "record value is null (tombstone)")
+            assert mapping.schema_registry_url is not None  # FieldMapping checks it
+            obj = decode_avro(value, registry_client(mapping.schema_registry_url))
+        else:
+            obj = _parse(value)
+        features: tuple[float, ...] | None = None
+        kept: tuple[tuple[str, Any], ...]
+        if mapping.features:
+            text, features = "", _features(obj, mapping)
+            rid = None if mapping.id_path is None else resolve_pointer(obj, mapping.id_path)
+            rid = None if is_missing(rid) else rid
+            kept = _kept(obj, mapping)
+        elif mapping.is_default:
             if "text" not in obj or obj["text"] is None:
                 raise DecodeError(Reason.MISSING_TEXT.value, _missing_text(obj))
             text, rid = obj["text"], obj.get("id")
-            kept: tuple[tuple[str, Any], ...] = ()
+            kept = ()
         else:
             text = resolve_pointer(obj, mapping.text_path)
             if is_missing(text) or text is None:
@@ -219,11 +239,35 @@ def decode_review(value: bytes | None, source: KafkaCoordinates,
             raise DecodeError(Reason.BAD_ID.value, f"'{_name(mapping.id)}' is {type(rid).__name__}")
         elif rid == "":
             raise DecodeError(Reason.BAD_ID.value, f"'{_name(mapping.id)}' is an empty string")
+        if mapping.value_format is ValueFormat.AVRO and kept:
+            kept = tuple((name, jsonable(v)) for name, v in kept)
         _check_encodable("text", text)
         _check_encodable("id", str(rid))
-        return DecodedRecord(id=str(rid), text=text, label=obj.get("label"), kept=kept)
+        return DecodedRecord(id=str(rid), text=text, label=obj.get("label"), kept=kept, features=features)
     except DecodeError as exc:
         return _dead_letter(Reason(exc.reason), exc.detail, source, None if value is None else bytes(value))
+
+
+def _number(pointer: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DecodeError(Reason.BAD_FEATURE.value, f"'{pointer}' is {type(value).__name__}, not a number")
+    return float(value)
+
+
+def _features(obj: dict[str, Any], mapping: FieldMapping) -> tuple[float, ...]:
+    """The feature vector of a record: the numbers of one array field, or of several number fields."""
+    found = [resolve_pointer(obj, path) for path in mapping.feature_paths]
+    for pointer, value in zip(mapping.features, found, strict=True):
+        if is_missing(value) or value is None:
+            raise DecodeError(Reason.MISSING_FEATURE.value, _missing_at(obj, pointer, value))
+    if len(found) > 1:
+        return tuple(_number(p, v) for p, v in zip(mapping.features, found, strict=True))
+    pointer, value = mapping.features[0], found[0]
+    if not isinstance(value, list):
+        return (_number(pointer, value),)
+    if not value:
+        raise DecodeError(Reason.BAD_FEATURE.value, f"'{pointer}' is an empty array")
+    return tuple(_number(f"{pointer}/{i}", v) for i, v in enumerate(value))
 
 
 def _decode_raw(value: bytes | None, source: KafkaCoordinates) -> DecodedRecord:

@@ -28,6 +28,7 @@ class ValueFormat(enum.StrEnum):
 
     JSON = "json"  # a UTF-8 JSON object; fields by JSON Pointer
     RAW = "raw"    # the value is the text (UTF-8); the id is the record's coordinates
+    AVRO = "avro"  # the Confluent wire format (schema id + Avro binary); fields by JSON Pointer
 
 
 def parse_pointer(pointer: str) -> tuple[str, ...]:
@@ -87,27 +88,44 @@ class FieldMapping:
             own (and ``id`` / ``model_sha256``), in the record's order.
         value_format: JSON objects, or raw UTF-8 text (the whole value is the text, the id
             the record's coordinates, nothing to keep).
+        features: JSON Pointers of a numeric model's input instead of a text: one pointer to
+            an array of numbers, or several pointers to one number each (their order is the
+            vector's); empty: the record has a text.
+        schema_registry_url: With Avro values: the Confluent-compatible Schema Registry that
+            serves their schemas by id (required then, refused otherwise).
 
     Raises:
         ConfigError: A pointer is not one (:func:`parse_pointer`), two kept fields share a
             name, a kept name is ``id`` or ``model_sha256``, or raw values with a text
-            field or kept fields.
+            field, kept fields or features.
     """
 
     text: str = "/text"
     id: str | None = "/id"
     keep: tuple[str, ...] = ()
     value_format: ValueFormat = ValueFormat.JSON
+    features: tuple[str, ...] = ()
+    schema_registry_url: str | None = None
     text_path: tuple[str, ...] = field(init=False, repr=False, compare=False)
     id_path: tuple[str, ...] | None = field(init=False, repr=False, compare=False)
     keep_paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
+    feature_paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep", tuple(self.keep))
+        object.__setattr__(self, "features", tuple(self.features))
         object.__setattr__(self, "value_format", ValueFormat(self.value_format))
-        if self.value_format is ValueFormat.RAW and (self.text != "/text" or self.keep):
-            raise ConfigError("raw values are the text itself: --text-field and --keep-fields apply to json "
-                              "values only")
+        if self.value_format is ValueFormat.RAW and (self.text != "/text" or self.keep or self.features):
+            raise ConfigError("raw values are the text itself: --text-field, --keep-fields and "
+                              "--feature-fields apply to json values only")
+        object.__setattr__(self, "feature_paths", tuple(parse_pointer(p) for p in self.features))
+        avro = self.value_format is ValueFormat.AVRO
+        if avro != (self.schema_registry_url is not None):
+            raise ConfigError("avro values need --schema-registry-url (their schemas come from it), and "
+                              "only they: give both or neither")
+        if avro and not str(self.schema_registry_url).startswith(("http://", "https://")):
+            raise ConfigError("--schema-registry-url must be an http(s) URL, e.g. "
+                              "http://127.0.0.1:8081 (Apicurio: http://HOST:PORT/apis/ccompat/v7)")
         object.__setattr__(self, "text_path", parse_pointer(self.text))
         object.__setattr__(self, "id_path", None if self.id is None else parse_pointer(self.id))
         if "*" in self.keep and self.keep != ("*",):
@@ -134,13 +152,15 @@ class FieldMapping:
     def keep_all_skips(self) -> frozenset[str]:
         """With :attr:`keep_all`: the top-level names not kept (the text's and the id's own
         field, and the output's ``id`` / ``model_sha256``)."""
-        own = {path[0] for path in (self.text_path, self.id_path) if path is not None and len(path) == 1}
+        paths = (self.id_path, *self.feature_paths) if self.features else (self.text_path, self.id_path)
+        own = {path[0] for path in paths if path is not None and len(path) == 1}
         return frozenset(own | _RESERVED)
 
     @property
     def is_default(self) -> bool:
         """Whether this is ``{"id", "text"}`` with nothing kept (the decoder's fast path)."""
-        return (self.text, self.id, self.keep, self.value_format) == ("/text", "/id", (), ValueFormat.JSON)
+        return (self.text, self.id, self.keep, self.value_format, self.features) == (
+            "/text", "/id", (), ValueFormat.JSON, ())
 
 
 #: ``{"id", "text"}`` records, nothing kept: the packaged job's default.

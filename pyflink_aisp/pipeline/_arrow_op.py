@@ -142,7 +142,7 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         offsets = list(map(_coordinate, frame.iloc[:, 3].tolist()))
         decoded = list(map(decode_record, raw, topics, partitions, offsets, repeat(self._mapping)))
         good = [i for i, d in enumerate(decoded) if isinstance(d, DecodedRecord)]
-        texts = [d.text for d in decoded if isinstance(d, DecodedRecord)]
+        texts = [d.model_input for d in decoded if isinstance(d, DecodedRecord)]
         decoded_s = time.perf_counter()
         outcomes = runtime.infer_batch(texts) if texts else []
         inferred_s = time.perf_counter()

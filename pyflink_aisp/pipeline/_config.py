@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import enum
+import json
 import math
 import os
+import re
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -57,6 +59,9 @@ MODEL_DIR_ENV = "AISP_MODEL_DIR"
 _STARTUP_CHOICES = (StartupMode.EARLIEST, StartupMode.LATEST, StartupMode.GROUP_OFFSETS)
 #: Where a job starts reading without --startup-mode or --range-start.
 _DEFAULT_STARTUP = {RuntimeMode.BATCH: StartupMode.EARLIEST, RuntimeMode.STREAMING: StartupMode.GROUP_OFFSETS}
+
+#: ``module:Class`` of --handler (dotted module, dotted attribute).
+_HANDLER_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 J, B, M, W = OptionGroup.JOB, OptionGroup.BATCHING, OptionGroup.MODEL, OptionGroup.WORKER
 
@@ -167,6 +172,15 @@ class InferenceOptions:
         job_param='aisp.classifier.dir', nullable=True)
     top_k: int = opt(0, M, 'With --classifier: also write top_labels and top_scores, the K most probable '
         'labels (0: only label and score).', job_param='aisp.classifier.top-k', minimum=0)
+    predictor: Path | None = opt(None, M, 'A numeric ONNX model (one float input (batch, n_features), e.g. '
+        'a scikit-learn model exported by skl2onnx with zipmap=False) instead of the sentiment model, on '
+        'the feature vectors of --feature-fields: the job writes one field per graph output.',
+        job_param='aisp.predictor.onnx', nullable=True)
+    handler: str | None = opt(None, M, "Your own ModelHandler, 'module:Class' (importable on the workers: "
+        'ship it with flink run -pyfs or in a package), built with --handler-args; it declares its output '
+        'fields (ModelHandler.task).', job_param='aisp.handler', nullable=True)
+    handler_args: str | None = opt(None, M, 'Keyword arguments of --handler, a JSON object.',
+        job_param='aisp.handler.args', nullable=True)
     stats_dir: Path | None = opt(None, M, 'SQL functions: directory where each worker writes its batch '
         'statistics as JSON.', job_param='aisp.stats.dir', nullable=True)
     arrow_batch_size: int = opt(1024, W, 'python.fn-execution.arrow.batch.size: most records per Arrow '
@@ -194,6 +208,19 @@ class InferenceOptions:
         if self.classifier is not None and (self.encoder_onnx is not None or torch):
             raise ConfigError("--classifier runs on ONNX Runtime instead of the sentiment model: "
                               "--encoder-onnx and --runtime torch do not go with it")
+        named = (("--encoder-onnx", self.encoder_onnx), ("--classifier", self.classifier),
+                 ("--predictor", self.predictor), ("--handler", self.handler))
+        chosen = [flag for flag, value in named if value is not None]
+        if len(chosen) > 1 or (chosen and torch):
+            both = " and ".join(chosen + (["--runtime torch"] if torch else []))
+            raise ConfigError(f"{both} each name the model: give one")
+        if self.handler is not None and not _HANDLER_PATH.fullmatch(self.handler):
+            raise ConfigError(f"--handler must be 'module:Class' (e.g. my_models.handlers:MyHandler), "
+                              f"got {self.handler!r}")
+        if self.handler_args is not None:
+            if self.handler is None:
+                raise ConfigError("--handler-args applies to --handler only")
+            self.handler_kwargs()
         if self.top_k and self.classifier is None:
             raise ConfigError("--top-k applies to --classifier only")
         if self.precision is not Precision.FP32 and self.runtime is not InferenceRuntime.TORCH:
@@ -205,6 +232,22 @@ class InferenceOptions:
                               "cannot swap")
 
     # -- derived configs -----------------------------------------------------------------
+
+    def handler_kwargs(self) -> dict[str, Any]:
+        """``--handler-args`` as keyword arguments ({} when unset).
+
+        Raises:
+            ConfigError: Not a JSON object.
+        """
+        if self.handler_args is None:
+            return {}
+        try:
+            value = json.loads(self.handler_args)
+        except ValueError as exc:
+            raise ConfigError(f"--handler-args must be a JSON object: {exc}") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"--handler-args must be a JSON object, got {type(value).__name__}")
+        return value
 
     def batching(self) -> BatchingConfig:
         """The batcher's config.
@@ -333,12 +376,24 @@ class PipelineOptions(InferenceOptions):
     output_topic: str = required(J, 'Kafka topic of the scored records (exactly once).')
     dlq_topic: str | None = opt(None, J, 'Dead-letter topic (default: <output-topic>.dlq).')
     value_format: ValueFormat = opt(ValueFormat.JSON, J, 'How record values are read: json (objects; the '
-        'fields below) or raw (the whole value is the UTF-8 text, the id its topic/partition/offset).')
+        'fields below), raw (the whole value is the UTF-8 text, the id its topic/partition/offset) or '
+        'avro (the Confluent wire format, schemas from --schema-registry-url; fields by JSON Pointer as '
+        'for json).')
+    schema_registry_url: str | None = opt(None, J, 'The Confluent-compatible Schema Registry of avro values '
+        "(e.g. http://127.0.0.1:8081; Apicurio Registry: http://HOST:PORT/apis/ccompat/v7); "
+        'user:password@ in the URL is never logged.', nullable=True)
     text_field: str = opt('/text', J, 'Where the text of each JSON record is: a JSON Pointer (RFC 6901), '
         'e.g. /body or /review/text.')
     id_field: str | None = opt('/id', J, "Where the id of each JSON record is (a JSON Pointer); a record "
         "without one, and every record with 'none', is scored under its topic/partition/offset.",
         nullable=True)
+    feature_fields: str | None = opt(None, J, 'The feature vector of each JSON record for --predictor: one '
+        'JSON Pointer to an array of numbers (/features), or comma-separated pointers to numbers '
+        '(/amount,/age); no text is read then.', nullable=True)
+    models: Path | None = opt(None, J, 'A model registry (YAML: named models, each its task, path and '
+        'options; `aisp models list FILE`); with --model, the job runs that model.', nullable=True)
+    model: str | None = opt(None, J, 'The model of --models the job runs: its task, path and options '
+        'replace the model options given here.', nullable=True)
     keep_fields: str | None = opt(None, J, "Fields of the input record copied unchanged into each output, "
         "after its id: comma-separated JSON Pointers, each written under its last name (/meta/lang -> "
         "lang; null where a record has none); '*': every top-level field but the text's and the id's.")
@@ -432,7 +487,16 @@ class PipelineOptions(InferenceOptions):
         try:
             self.field_mapping()
         except ConfigError as exc:
-            raise ConfigError(f"--value-format / --text-field / --id-field / --keep-fields: {exc}") from None
+            raise ConfigError(f"--value-format / --text-field / --id-field / --keep-fields / "
+                              f"--feature-fields / --schema-registry-url: {exc}") from None
+        if (self.predictor is not None) != bool(self.feature_fields):
+            raise ConfigError("--predictor reads the feature vectors of --feature-fields: give both, or "
+                              "neither")
+        if self.feature_fields and self.operator is Runner.ASYNC:
+            raise ConfigError("--feature-fields runs on --operator arrow (the default): the async operator "
+                              "carries texts")
+        if (self.models is None) != (self.model is None):
+            raise ConfigError("--models FILE and --model NAME go together (the job runs one named model)")
         if self.max_dead_letter_rate is not None and self.max_dead_letter_rate >= 1:
             raise ConfigError(f"--max-dead-letter-rate must be < 1 (a share that can be passed), "
                               f"got {self.max_dead_letter_rate}")
@@ -460,7 +524,9 @@ class PipelineOptions(InferenceOptions):
             ConfigError: A pointer is not one, or kept names clash.
         """
         keep = tuple(p.strip() for p in (self.keep_fields or "").split(",") if p.strip())
-        return FieldMapping(text=self.text_field, id=self.id_field, keep=keep, value_format=self.value_format)
+        features = tuple(p.strip() for p in (self.feature_fields or "").split(",") if p.strip())
+        return FieldMapping(text=self.text_field, id=self.id_field, keep=keep, value_format=self.value_format,
+                            features=features, schema_registry_url=self.schema_registry_url)
 
     def dead_letter_watch(self) -> DeadLetterWatchConfig:
         """The dead-letter watch of the job's operator: it warns above a share of 0.5 (or
@@ -532,13 +598,30 @@ class PipelineOptions(InferenceOptions):
         return self.transactional_id_prefix or self.name
 
     @classmethod
-    def from_args(cls, argv: Sequence[str] | None = None, *, description: str = "") -> PipelineOptions:
-        """The command line → options (``--help`` from the table; exits 2 on a bad flag)."""
+    def from_args(
+        cls, argv: Sequence[str] | None = None, *, description: str = "",
+        model_options: Callable[[Path, str], dict[str, Any]] | None = None,
+    ) -> PipelineOptions:
+        """The command line → options (``--help`` from the table; exits 2 on a bad flag).
+
+        Args:
+            argv: The arguments (default ``sys.argv[1:]``).
+            description: Of ``--help``.
+            model_options: ``(registry file, model name) -> option values`` for ``--models`` /
+                ``--model`` (:func:`pyflink_aisp.pipeline.options_from_args` passes the registry's);
+                None: those flags are refused.
+        """
         parser = argparse.ArgumentParser(description=description)
         add_flags(parser)
         namespace = parser.parse_args(argv)
         try:
-            return cls(**{o.name: getattr(namespace, o.name) for o in OPTIONS})
+            values = {o.name: getattr(namespace, o.name) for o in OPTIONS}
+            if values["models"] is not None and values["model"] is not None:
+                if model_options is None:
+                    raise ConfigError("--models is read by pyflink_aisp.pipeline.options_from_args, "
+                                      "not by PipelineOptions.from_args")
+                values.update(model_options(values["models"], values["model"]))
+            return cls(**values)
         except ConfigError as exc:
             parser.error(str(exc))
             raise  # parser.error exits

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
+from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import ModelHandler
 from pyflink_aisp.inference.handlers import (
     ExecutionProvider,
     OnnxClassifierHandler,
     OnnxEncoderHandler,
+    OnnxPredictorHandler,
     SentimentHandler,
     TorchSentimentHandler,
 )
@@ -16,7 +19,7 @@ from pyflink_aisp.models import ensure_model_assets, load_model_assets
 from pyflink_aisp.pipeline._config import InferenceOptions
 from pyflink_aisp.pipeline._options import GpuProvider, InferenceRuntime
 
-__all__ = ["handler_for", "model_assets", "onnx_providers"]
+__all__ = ["handler_for", "model_assets", "onnx_providers", "user_handler"]
 
 
 def model_assets(options: InferenceOptions) -> Any:
@@ -45,18 +48,51 @@ def onnx_providers(options: InferenceOptions) -> tuple[tuple[ExecutionProvider, 
     return gpu, int(device.split(":")[1])
 
 
+def user_handler(path: str, kwargs: dict[str, Any]) -> ModelHandler[Any, Any, Any]:
+    """``module:Class`` imported and built with ``kwargs`` (``--handler``, ``--handler-args``).
+
+    Raises:
+        ConfigError: The module does not import (not shipped with the job?), has no such
+            class, the class refuses the arguments, or it is not a ModelHandler.
+    """
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--handler {path}: cannot import {module_name} ({exc}); ship it with the job "
+                          "(flink run -pyfs DIR, or a package in the job's venv)") from exc
+    cls: Any = module
+    for name in attr.split("."):
+        cls = getattr(cls, name, None)
+    if cls is None:
+        raise ConfigError(f"--handler {path}: {module_name} has no {attr}")
+    try:
+        handler = cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"--handler {path}: --handler-args do not fit {attr}: {exc}") from exc
+    if not isinstance(handler, ModelHandler):
+        raise ConfigError(f"--handler {path}: {attr} is not a pyflink_aisp.inference.ModelHandler")
+    return handler
+
+
 def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
     """The handler the options name: the sentiment model on ONNX Runtime or PyTorch
     (``runtime``) on ``device``, the generic ONNX encoder of ``encoder_onnx`` +
-    ``encoder_tokenizer``, or the sequence classifier of ``classifier``.
+    ``encoder_tokenizer``, the sequence classifier of ``classifier``, the numeric model of
+    ``predictor``, or the user's ``handler``.
 
     Raises:
         ModelError: The sentiment assets cannot be found or built, or the classifier
-            directory is not one.
-        ConfigError: Bad encoder options.
+            directory or numeric model is not one.
+        ConfigError: Bad encoder options, or a ``handler`` that cannot be built.
     """
+    if options.handler is not None:
+        return user_handler(options.handler, options.handler_kwargs())
     threads = options.intra_op_threads or None
     providers, device_id = onnx_providers(options)
+    if options.predictor is not None:
+        return OnnxPredictorHandler(model_path=options.predictor, intra_op_num_threads=threads,
+                                    providers=providers, device_id=device_id)
     if options.encoder_onnx is not None:
         assert options.encoder_tokenizer is not None  # InferenceOptions checks they go together
         return OnnxEncoderHandler(

@@ -130,7 +130,8 @@ def check_model_paths(options: InferenceOptions) -> None:
                               "`aisp model build --out DIR` or leave it unset for the cached build")
         if not os.access(directory, os.R_OK | os.X_OK):
             raise ConfigError(f"--model-dir {directory} is not readable by user {os.getuid()}")
-    encoder = (("--encoder-onnx", options.encoder_onnx), ("--encoder-tokenizer", options.encoder_tokenizer))
+    encoder = (("--encoder-onnx", options.encoder_onnx), ("--encoder-tokenizer", options.encoder_tokenizer),
+               ("--predictor", options.predictor))
     for flag, path in encoder:
         if path is not None and not (path.is_file() and os.access(path, os.R_OK)):
             raise ConfigError(f"{flag} {path} is not a readable file")

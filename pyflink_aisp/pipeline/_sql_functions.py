@@ -78,7 +78,9 @@ from pyflink_aisp.pipeline._shell import OperatorShell, WorkerSpec
 
 __all__ = [
     "SENTIMENT_RESULT_TYPE",
+    "AsyncModelFunction",
     "AsyncSentimentFunction",
+    "PandasModelFunction",
     "PandasSentimentFunction",
     "result_row_type",
     "sentiment_label",
@@ -112,7 +114,7 @@ def result_row_type(task: Task) -> Any:
     return DataTypes.ROW(fields + [DataTypes.FIELD(name, DataTypes.STRING()) for name in _TRAILER])
 
 
-#: What both functions serve: the sentiment task without the embedding.
+#: What the sentiment functions serve: the sentiment task without the embedding.
 _TASK = SentimentTask()
 #: The result type of both functions: ``ROW<score DOUBLE, label STRING, model_sha256, reason, detail>``.
 SENTIMENT_RESULT_TYPE = result_row_type(_TASK)
@@ -165,19 +167,24 @@ class _SharedModel(OperatorShell):
     :meth:`ModelRuntime.bind_metrics` registers.
     """
 
-    def __init__(self, defaults: InferenceOptions | None) -> None:
+    def __init__(self, defaults: InferenceOptions | None, task: Task = _TASK, *,
+                 job_parameters: bool = True) -> None:
         super().__init__(counters=("recordsIn", "recordsOut", "nullInputs", "deadLetters"),
                          windows=("endToEndUs",))
         self.defaults = defaults
+        self.task = task
+        self.job_parameters = job_parameters
+        self.rows = _Rows(task)
         self._stats_path: Path | None = None
         self._stop = threading.Event()
         self._writer: threading.Thread | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"defaults": self.defaults}
+        return {"defaults": self.defaults, "task": self.task, "job_parameters": self.job_parameters}
 
     def __setstate__(self, state: Mapping[str, Any]) -> None:
-        self.__init__(state["defaults"])  # type: ignore[misc]
+        self.__init__(state["defaults"], state.get("task", _TASK),  # type: ignore[misc]
+                      job_parameters=state.get("job_parameters", True))
 
     @property
     def e2e_us(self) -> Any:
@@ -188,13 +195,15 @@ class _SharedModel(OperatorShell):
         """Read the job parameters, then lease, model, breaker and metrics; start the stats writer.
 
         Raises:
-            ConfigError: A job parameter is invalid, or the handler's task is not the sentiment one.
+            ConfigError: A job parameter is invalid, or the handler's task declares other fields
+                than the function's row.
             ModelError: The model cannot be loaded.
             OSError: The stats directory cannot be made (model and lease are released).
         """
-        config = InferenceOptions.from_job_parameters(_job_parameters(context), base=self.defaults)
+        config = (InferenceOptions.from_job_parameters(_job_parameters(context), base=self.defaults)
+                  if self.job_parameters else (self.defaults or InferenceOptions()))
         handler = handler_for(config)
-        _check_sentiment_task(handler)
+        _check_task(handler, self.task)
         runtime = super().open(context, spec or WorkerSpec(
             handler=handler, batching=config.batching(), swap=config.swap(), breaker=config.breaker(),
             affinity=config.affinity()))
@@ -245,49 +254,62 @@ class _SharedModel(OperatorShell):
         return snapshot
 
 
-def _check_sentiment_task(handler: ModelHandler[Any, Any, Any]) -> None:
-    """Refuse a handler whose task's fields are not the functions' row fields.
+def _check_task(handler: ModelHandler[Any, Any, Any], task: Task) -> None:
+    """Refuse a handler whose task's fields are not the function's row fields.
 
     Raises:
         ConfigError: Other fields, or no task declared.
     """
     fields = handler.task().fields
-    if fields != _TASK.fields:
-        raise ConfigError(f"the sentiment SQL functions return {[f.name for f in _TASK.fields]}, but "
-                          f"{type(handler).__name__} declares {[f.name for f in fields]}: "
-                          "use a sentiment model (not aisp.encoder.*)")
+    if fields != task.fields:
+        hint = ": use a sentiment model (not aisp.encoder.*)" if task == _TASK else ""
+        raise ConfigError(f"the SQL function returns {[f.name for f in task.fields]}, but "
+                          f"{type(handler).__name__} declares {[f.name for f in fields]}{hint}")
 
 
-def _scored(inferred: Inferred) -> tuple[Any, ...]:
-    """The row of a scored text (:class:`~pyflink_aisp.errors.InferenceError` when the
-    task cannot render its prediction)."""
-    rendered = render_fields(_TASK, inferred.prediction)
-    return (*(rendered[f.name] for f in _TASK.fields), inferred.model_version, None, None)
+class _Rows:
+    """How one task's outcomes become the function's rows: the task's fields, then
+    ``model_sha256, reason, detail``."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.columns = [*(f.name for f in task.fields), *_TRAILER]
+        self.null = (None,) * len(self.columns)
+
+    def scored(self, inferred: Inferred) -> tuple[Any, ...]:
+        """The row of a scored input (:class:`~pyflink_aisp.errors.InferenceError` when the
+        task cannot render its prediction)."""
+        rendered = render_fields(self.task, inferred.prediction)
+        return (*(rendered[f.name] for f in self.task.fields), inferred.model_version, None, None)
+
+    def failed(self, error: BaseException, version: str | None) -> tuple[Any, ...]:
+        blank = (None,) * len(self.task.fields)
+        detail = f"{type(error).__name__}: {error}"[:MAX_DETAIL_CHARS]
+        return (*blank, version, reason_of(error).value, detail)
+
+    def of(self, outcome: Inferred | BaseException, version: str | None
+           ) -> tuple[tuple[Any, ...], BaseException | None]:
+        """``(row, None)`` of a scored input, or ``(failed row, error)``."""
+        if not isinstance(outcome, BaseException):
+            try:
+                return self.scored(outcome), None
+            except InferenceError as exc:
+                outcome = exc
+        return self.failed(outcome, version), outcome
+
+    def frame(self, rows: list[tuple[Any, ...]]) -> Any:
+        """The pandas function's result: one column per field, numbers as float64/Int64."""
+        import pandas as pd
+
+        frame = pd.DataFrame(rows, columns=self.columns, dtype=object)
+        for field in self.task.fields:
+            if field.sql_type is SqlType.DOUBLE:
+                frame[field.name] = frame[field.name].astype("float64")
+        return frame
 
 
-def _failed(error: BaseException, version: str | None) -> tuple[Any, ...]:
-    blank = (None,) * len(_TASK.fields)
-    return (*blank, version, reason_of(error).value, f"{type(error).__name__}: {error}"[:MAX_DETAIL_CHARS])
-
-
-def _row_of(
-    outcome: Inferred | BaseException, version: str | None
-) -> tuple[tuple[Any, ...], BaseException | None]:
-    """``(row, None)`` of a scored text, or ``(failed row, error)``."""
-    if not isinstance(outcome, BaseException):
-        try:
-            return _scored(outcome), None
-        except InferenceError as exc:
-            outcome = exc
-    return _failed(outcome, version), outcome
-
-
-_COLUMNS = [*(f.name for f in _TASK.fields), *_TRAILER]
-_NULL = (None,) * len(_COLUMNS)
-
-
-class AsyncSentimentFunction(AsyncScalarFunction):  # type: ignore[misc]
-    """``sentiment(text STRING) -> ROW<score, label, model_sha256, reason, detail>``, async.
+class AsyncModelFunction(AsyncScalarFunction):  # type: ignore[misc]
+    """``f(x) -> ROW<task fields..., model_sha256, reason, detail>``, async, for any task.
 
     Every row in flight awaits the worker's shared batcher, so rows of one
     operator (and of other operators of the worker) share model calls. Batches
@@ -299,10 +321,14 @@ class AsyncSentimentFunction(AsyncScalarFunction):  # type: ignore[misc]
 
     Args:
         defaults: Config for the job parameters that are not set.
+        task: The task whose fields the row has (the handler's must declare the same).
+        job_parameters: Read the ``aisp.*`` job parameters over ``defaults`` (False: a
+            model of the registry, configured by its entry alone).
     """
 
-    def __init__(self, defaults: InferenceOptions | None = None) -> None:
-        self._shared = _SharedModel(defaults)
+    def __init__(self, defaults: InferenceOptions | None = None, task: Task = _TASK, *,
+                 job_parameters: bool = True) -> None:
+        self._shared = _SharedModel(defaults, task, job_parameters=job_parameters)
 
     def open(self, function_context: FunctionContext) -> None:
         """Read the job parameters and acquire the worker's model.
@@ -316,17 +342,17 @@ class AsyncSentimentFunction(AsyncScalarFunction):  # type: ignore[misc]
     async def eval(self, text: Any) -> Row:
         """One row's outcome (see the module docstring); never raises for a row."""
         shared = self._shared
-        runtime = shared.require("AsyncSentimentFunction.eval")
+        runtime = shared.require(f"{type(self).__name__}.eval")
         start = time.perf_counter()
         shared.counts["recordsIn"] += 1
         if text is None:
             shared.counts["nullInputs"] += 1
-            return Row(*_NULL)
+            return Row(*shared.rows.null)
         try:
             outcome: Inferred | BaseException = await runtime.infer(text)
         except Exception as exc:
             outcome = exc
-        values, error = _row_of(outcome, shared.version())
+        values, error = shared.rows.of(outcome, shared.version())
         shared.counts["deadLetters" if error is not None else "recordsOut"] += 1
         shared.judge(error)  # CircuitOpenError fails the job: Flink restarts it
         shared.watch_outcomes(1, () if error is None else (DeadLettered.of_error(error),))
@@ -338,8 +364,9 @@ class AsyncSentimentFunction(AsyncScalarFunction):  # type: ignore[misc]
         self._shared.close()
 
 
-class PandasSentimentFunction(ScalarFunction):  # type: ignore[misc]
-    """``sentiment_pandas(text STRING) -> ROW<...>``, vectorized over Arrow batches.
+class PandasModelFunction(ScalarFunction):  # type: ignore[misc]
+    """``f_pandas(x) -> ROW<task fields..., model_sha256, reason, detail>``, vectorized over
+    Arrow batches, for any task.
 
     ``eval`` receives a ``(n,)`` pandas Series of ``str``/None (n ≤
     ``python.fn-execution.arrow.batch.size``) and hands its texts to the
@@ -348,30 +375,32 @@ class PandasSentimentFunction(ScalarFunction):  # type: ignore[misc]
     other operators); returns an ``(n, 4)`` DataFrame.
 
     Args:
-        defaults: Config for the job parameters that are not set.
+        defaults: As :class:`AsyncModelFunction`.
+        task: As :class:`AsyncModelFunction`.
+        job_parameters: As :class:`AsyncModelFunction`.
     """
 
-    def __init__(self, defaults: InferenceOptions | None = None) -> None:
-        self._shared = _SharedModel(defaults)
+    def __init__(self, defaults: InferenceOptions | None = None, task: Task = _TASK, *,
+                 job_parameters: bool = True) -> None:
+        self._shared = _SharedModel(defaults, task, job_parameters=job_parameters)
 
     def open(self, function_context: FunctionContext) -> None:
-        """As :meth:`AsyncSentimentFunction.open`."""
+        """As :meth:`AsyncModelFunction.open`."""
         self._shared.open(function_context)
 
     def eval(self, texts: Any) -> Any:
-        """``(n,)`` Series of texts → ``(n, 5)`` DataFrame ``score, label, model_sha256, reason, detail``."""
-        import pandas as pd
-
+        """``(n,)`` Series of inputs → ``(n, fields + 3)`` DataFrame (for the sentiment task
+        ``score, label, model_sha256, reason, detail``)."""
         shared = self._shared
-        runtime = shared.require("PandasSentimentFunction.eval")
+        runtime = shared.require(f"{type(self).__name__}.eval")
         start = time.perf_counter()
         values = texts.tolist()
-        rows: list[tuple[Any, ...]] = [_NULL] * len(values)
+        rows: list[tuple[Any, ...]] = [shared.rows.null] * len(values)
         positions = [i for i, v in enumerate(values) if v is not None]
         outcomes = _infer_many(runtime, [values[i] for i in positions])
         errors = []
         for i, outcome in zip(positions, outcomes, strict=True):
-            rows[i], error = _row_of(outcome, shared.version())
+            rows[i], error = shared.rows.of(outcome, shared.version())
             if error is not None:
                 errors.append(error)
         shared.counts["recordsIn"] += len(values)
@@ -382,15 +411,35 @@ class PandasSentimentFunction(ScalarFunction):  # type: ignore[misc]
         # CircuitOpenError fails the job: Flink restarts it
         shared.judge_many(len(errors), len(outcomes), errors[-1] if errors else None)
         shared.watch_outcomes(len(positions), [DeadLettered.of_error(e) for e in errors])
-        frame = pd.DataFrame(rows, columns=_COLUMNS, dtype=object)
-        for field in _TASK.fields:
-            if field.sql_type is SqlType.DOUBLE:
-                frame[field.name] = frame[field.name].astype("float64")
-        return frame
+        return shared.rows.frame(rows)
 
     def close(self) -> None:
-        """As :meth:`AsyncSentimentFunction.close`."""
+        """As :meth:`AsyncModelFunction.close`."""
         self._shared.close()
+
+
+class AsyncSentimentFunction(AsyncModelFunction):
+    """``sentiment(text STRING) -> ROW<score, label, model_sha256, reason, detail>``, async
+    (:class:`AsyncModelFunction` of :class:`~pyflink_aisp.inference.SentimentTask`).
+
+    Args:
+        defaults: Config for the job parameters that are not set.
+    """
+
+    def __init__(self, defaults: InferenceOptions | None = None) -> None:
+        super().__init__(defaults)
+
+
+class PandasSentimentFunction(PandasModelFunction):
+    """``sentiment_pandas(text STRING) -> ROW<...>``, vectorized over Arrow batches
+    (:class:`PandasModelFunction` of :class:`~pyflink_aisp.inference.SentimentTask`).
+
+    Args:
+        defaults: Config for the job parameters that are not set.
+    """
+
+    def __init__(self, defaults: InferenceOptions | None = None) -> None:
+        super().__init__(defaults)
 
 
 def _infer_many(runtime: ModelRuntime, texts: Sequence[str]) -> list[Inferred | BaseException]:

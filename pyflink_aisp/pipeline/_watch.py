@@ -45,6 +45,13 @@ _FIXES: dict[Reason, str] = {
                          "point --text-field (and --id-field) at your records' fields, e.g. --text-field "
                          "/body, or check --input-topic",
     Reason.TEXT_NOT_STRING: "the field 'text' must be a JSON string",
+    Reason.MISSING_FEATURE: "the records lack a field of --feature-fields: point it at your records' "
+                            "numeric fields, e.g. --feature-fields /features or /amount,/age",
+    Reason.INVALID_AVRO: "the values are not Avro in the Confluent wire format (magic byte 0, schema id): "
+                         "check the producer's serializer, or --value-format",
+    Reason.UNKNOWN_SCHEMA: "the Schema Registry does not serve the records' schema ids: check "
+                           "--schema-registry-url (Apicurio: .../apis/ccompat/v7)",
+    Reason.BAD_FEATURE: "each field of --feature-fields must be a JSON number (or one array of numbers)",
     Reason.INVALID_UNICODE: "the texts hold lone UTF-16 surrogate escapes (\\ud800): fix the producer",
     Reason.BAD_ID: "'id' must be a non-empty string or an integer (absent or null: the record's "
                    "topic/partition/offset)",

@@ -3,7 +3,8 @@
 ONNX Runtime (in-process, any execution provider): the sentiment model
 :class:`SentimentHandler` / :class:`OnnxSentimentModel` and any text encoder
 :class:`OnnxEncoderHandler`, any HF sequence-classification model directory
-:class:`OnnxClassifierHandler`; PyTorch (``torch`` extra, imported only when a model
+:class:`OnnxClassifierHandler`, any numeric model on feature vectors
+:class:`OnnxPredictorHandler`; PyTorch (``torch`` extra, imported only when a model
 loads): :class:`TorchSentimentHandler` and :class:`TorchEncoderHandler`. The
 encoders share one tokenize / sort-and-cut / pool path (:class:`Pooling`,
 :class:`TokenField`); the sentiment handlers share the hot-swap probe
@@ -22,6 +23,11 @@ from pyflink_aisp.inference.handlers._onnx import (
 )
 from pyflink_aisp.inference.handlers._onnx_classifier import OnnxClassifierHandler, read_classifier_config
 from pyflink_aisp.inference.handlers._onnx_encoder import OnnxEncoderHandler, OnnxEncoderModel
+from pyflink_aisp.inference.handlers._onnx_predictor import (
+    OnnxPredictorHandler,
+    PredictorModel,
+    predictor_fields,
+)
 from pyflink_aisp.inference.handlers._probe import SWAP_PROBE_TEXTS, check_probe_outputs
 from pyflink_aisp.inference.handlers._sentiment import SentimentHandler, SentimentPrediction
 from pyflink_aisp.inference.handlers._torch import (
@@ -37,8 +43,10 @@ __all__ = [
     "OnnxClassifierHandler",
     "OnnxEncoderHandler",
     "OnnxEncoderModel",
+    "OnnxPredictorHandler",
     "OnnxSentimentModel",
     "Pooling",
+    "PredictorModel",
     "ProviderSpec",
     "SentimentHandler",
     "SentimentPrediction",
@@ -50,6 +58,7 @@ __all__ = [
     "check_probe_outputs",
     "normalize_providers",
     "parse_torch_device",
+    "predictor_fields",
     "provider_device",
     "read_classifier_config",
 ]

@@ -99,7 +99,37 @@ def test_a_raw_value_is_the_text_under_the_records_coordinates():
         assert isinstance(out, DeadLettered) and out.reason is reason
 
 
-@pytest.mark.parametrize("fields", [{"text": "/body"}, {"keep": ("/lang",)}])
+@pytest.mark.parametrize("fields", [{"text": "/body"}, {"keep": ("/lang",)}, {"features": ("/x",)}])
 def test_raw_values_have_no_fields_to_map(fields):
     with pytest.raises(ConfigError, match="raw values are the text itself"):
         FieldMapping(value_format="raw", **fields)
+
+
+def test_features_from_one_array_field_or_named_number_fields_in_the_pointers_order():
+    vector = FieldMapping(features=("/features",), id="/tx", keep=("/merchant",))
+    out = decode_review(b'{"tx": "t1", "features": [0.5, -2, 3e2], "merchant": "m"}', SRC, vector)
+    assert out == DecodedRecord(id="t1", text="", kept=(("merchant", "m"),), features=(0.5, -2.0, 300.0))
+    assert out.model_input == (0.5, -2.0, 300.0)
+    named = FieldMapping(features=("/amount", "/card/age_days"), id="/tx", keep=("*",))
+    out = decode_review(b'{"tx": 7, "card": {"age_days": 30}, "amount": 12.5, "country": "NL"}', SRC, named)
+    assert isinstance(out, DecodedRecord)
+    assert (out.id, out.features) == ("7", (12.5, 30.0))
+    assert out.kept == (("card", {"age_days": 30}), ("country", "NL"))  # the one-level feature is not kept
+
+
+@pytest.mark.parametrize(("value", "reason", "detail"), [
+    (b'{"tx": 1}', Reason.MISSING_FEATURE, "no value at /features; the object's fields: 'tx'"),
+    (b'{"features": null}', Reason.MISSING_FEATURE, "'/features' is null"),
+    (b'{"features": []}', Reason.BAD_FEATURE, "'/features' is an empty array"),
+    (b'{"features": [1, "2"]}', Reason.BAD_FEATURE, "'/features/1' is str, not a number"),
+    (b'{"features": [1, true]}', Reason.BAD_FEATURE, "'/features/1' is bool, not a number"),
+    (b'{"features": {"a": 1}}', Reason.BAD_FEATURE, "'/features' is dict, not a number"),
+])
+def test_a_record_without_usable_features_is_a_dead_letter_naming_the_path(value, reason, detail):
+    out = decode_review(value, SRC, FieldMapping(features=("/features",)))
+    assert isinstance(out, DeadLettered) and (out.reason, out.detail) == (reason, detail)
+
+
+def test_a_single_number_feature_is_a_vector_of_one():
+    out = decode_review(b'{"x": 4}', SRC, FieldMapping(features=("/x",)))
+    assert isinstance(out, DecodedRecord) and out.features == (4.0,)

@@ -196,8 +196,10 @@ def _non_default(tmp_path: Path) -> InferenceOptions:
 def test_every_job_parameter_round_trips(tmp_path: Path) -> None:
     options = _non_default(tmp_path)
     params = options.job_parameters()
-    classifier = ("classifier", "top_k")  # they exclude the encoder: below
-    assert set(params) == {o.job_param for o in OPTIONS if o.job_param is not None and o.name != "classifier"}
+    # they exclude the encoder: below (each names the model; unset paths are left out)
+    classifier = ("classifier", "top_k", "predictor", "handler", "handler_args")
+    assert set(params) == {o.job_param for o in OPTIONS
+                           if o.job_param is not None and o.name not in ("classifier", "predictor")}
     for opt in OPTIONS:  # every job parameter differs from its default here, so each is exercised
         if opt.job_param is not None and opt.name not in ("runtime", "precision", *classifier):
             assert getattr(options, opt.name) != opt.default, opt.name
@@ -250,6 +252,8 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.encoder.pooling": "mean",
         "aisp.encoder.normalize": "false",
         "aisp.classifier.top-k": "0",
+        "aisp.handler": "none",
+        "aisp.handler.args": "none",
     }
     assert InferenceOptions.from_job_parameters(get_from(params)) == InferenceOptions()
 

@@ -108,6 +108,9 @@ def test_model_paths_named_by_the_options_must_be_there(tmp_path: Path, monkeypa
         check_model_paths(InferenceOptions(encoder_onnx=tmp_path / "e.onnx", encoder_tokenizer=tokenizer))
     assert _one_line(exc) == f"--encoder-onnx {tmp_path}/e.onnx is not a readable file"
     with pytest.raises(ConfigError) as exc:
+        check_model_paths(InferenceOptions(predictor=tmp_path / "risk.onnx"))
+    assert _one_line(exc) == f"--predictor {tmp_path}/risk.onnx is not a readable file"
+    with pytest.raises(ConfigError) as exc:
         check_model_paths(InferenceOptions(model_pointer=tmp_path / "no" / "dir" / "p.json"))
     assert "its directory does not exist" in _one_line(exc)
     (tmp_path / "cls").mkdir()

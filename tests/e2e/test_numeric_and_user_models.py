@@ -1,0 +1,146 @@
+"""Issue 21, tasks by options alone through `flink run` on the standalone cluster: a numeric ONNX
+model (rag-intent-classifier's logistic regression, converted by skl2onnx) on a topic of real
+embeddings, by --predictor in BATCH and by a registry entry (--models/--model) in STREAMING; and a
+user's own handler by --handler module:Class, shipped with -pyfs."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import joblib
+import numpy as np
+import pytest
+
+from pyflink_aisp.checksums import sha256_file
+from pyflink_aisp.datasets import load_rotten_tomatoes, split_reviews
+from pyflink_aisp.inference.handlers import OnnxEncoderHandler, OnnxPredictorHandler, Pooling
+from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
+from pyflink_aisp.models import build_intent_head, build_minilm_encoder, locate_intent_models
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 150
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("numeric")
+    build_intent_head(folder / "intent-head.onnx")
+    build_minilm_encoder(folder / "minilm")
+    (folder / "models.yaml").write_text("models:\n  intent_head:\n    task: predict\n"
+                                        "    path: intent-head.onnx\n    max-batch-size: 64\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def features(stack, models):
+    """A topic of {"tx", "embedding": 384 floats, "source"}: MiniLM embeddings of real reviews,
+    plus one vector of the wrong width and one record without the field."""
+    encoder = OnnxEncoderHandler(model_path=models / "minilm" / "model.onnx",
+                                 tokenizer_path=models / "minilm" / "tokenizer.json", pooling=Pooling.NONE)
+    texts = [r.text for r in load_rotten_tomatoes()[:N]]
+    vectors = np.stack(encoder.run_inference(texts, encoder.load_model()))
+    records = [{"tx": f"x{i}", "embedding": v.tolist(), "source": "chat" if i % 2 else "mail"}
+               for i, v in enumerate(vectors)]
+    records += [{"tx": "short", "embedding": [0.1, 0.2]}, {"tx": "none", "source": "mail"}]
+    bootstrap = str(stack.status().bootstrap_servers)
+    create_topics(bootstrap, ["features"])
+    assert ingest_records(bootstrap, "features", records, progress=False).delivered == N + 2
+    return vectors
+
+
+def _expected(vectors):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf = joblib.load(locate_intent_models() / "LogisticRegression.joblib")
+    return clf.predict_proba(vectors)
+
+
+@pytest.mark.parametrize("mode", ["batch", "streaming"])
+def test_a_numeric_model_scores_a_feature_topic_by_options_alone(stack, models, features, mode):
+    bootstrap = str(stack.status().bootstrap_servers)
+    out_topic = f"features-{mode}"
+    create_topics(bootstrap, [out_topic, f"{out_topic}.dlq"])
+    model = (("--predictor", str(models / "intent-head.onnx")) if mode == "batch" else
+             ("--models", str(models / "models.yaml"), "--model", "intent_head", "--checkpoint-interval-ms",
+              "1000"))
+    cmd = stack.flink_run_command(
+        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap, "--input-topic",
+        "features", "--output-topic", out_topic, "--mode", mode, *model, "--feature-fields", "/embedding",
+        "--id-field", "/tx", "--keep-fields", "/source")
+    job_id = None
+    if mode == "streaming":
+        cmd.insert(cmd.index("run") + 1, "-d")
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if mode == "batch":
+        assert f": {N + 2} in, {N} out, 2 dead letters" in proc.stdout
+    else:
+        job_id = re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
+    try:
+        out = read_topic(bootstrap, out_topic, min_count=N, timeout_s=180, quiet_s=2)
+        dlq = read_topic(bootstrap, f"{out_topic}.dlq", min_count=2, timeout_s=60, quiet_s=2)
+    finally:
+        if job_id is not None:
+            subprocess.run([stack.flink_run_command("x")[0], "cancel", job_id], env=stack.flink_env(),
+                           capture_output=True, timeout=120)
+    docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in out}
+    assert sorted(docs) == sorted(f"x{i}" for i in range(N)) and len(out) == N  # each once
+    version = OnnxPredictorHandler(model_path=models / "intent-head.onnx").model_version()
+    want = _expected(features)
+    for i in range(N):
+        doc = docs[f"x{i}"]
+        assert list(doc) == ["id", "source", "label", "probabilities", "model_sha256"]
+        assert doc["source"] == ("chat" if i % 2 else "mail") and doc["model_sha256"] == version
+        np.testing.assert_allclose(doc["probabilities"], want[i], atol=1e-5)
+    assert len({d["label"] for d in docs.values()}) > 5
+    letters = {json.loads(m.value())["reason"]: json.loads(m.value()) for m in dlq}
+    assert sorted(letters) == ["inference_error", "missing_feature"] and len(dlq) == 2
+    assert letters["inference_error"]["id"] == "short"  # it decoded: its id is known
+    assert "(384,) feature vector" in letters["inference_error"]["detail"]
+    raw = json.loads(base64.b64decode(letters["missing_feature"]["value_base64"]))
+    assert raw == {"tx": "none", "source": "mail"}  # the record without the field, kept whole
+    assert letters["missing_feature"]["detail"].startswith("no value at /embedding")
+
+
+def test_a_users_handler_runs_by_option_shipped_with_pyfs(stack, tmp_path):
+    """--handler lexicon_handler:LexiconSentimentHandler (jobs/examples, shipped with -pyfs) and its
+    --handler-args: the job writes the fields its task declares, scored as the handler scores."""
+    sys.path.insert(0, str(ROOT / "jobs" / "examples"))
+    try:
+        import lexicon_handler
+    finally:
+        sys.path.pop(0)
+    train, _ = split_reviews(load_rotten_tomatoes())
+    lexicon = lexicon_handler.train_lexicon(train)
+    path = tmp_path / "lexicon.json"
+    lexicon.save(path)
+    sha = sha256_file(path)
+    reviews = load_rotten_tomatoes()[-80:]
+    bootstrap = str(stack.status().bootstrap_servers)
+    create_topics(bootstrap, ["lexicon-in", "lexicon-out", "lexicon-out.dlq"])
+    assert ingest_records(bootstrap, "lexicon-in", [{"id": r.id, "text": r.text} for r in reviews],
+                          progress=False).delivered == len(reviews)
+    cmd = stack.flink_run_command(
+        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap, "--input-topic",
+        "lexicon-in", "--output-topic", "lexicon-out", "--mode", "batch",
+        "--handler", "lexicon_handler:LexiconSentimentHandler",
+        "--handler-args", json.dumps({"path": str(path), "sha256": sha}))
+    cmd[cmd.index("-py"):cmd.index("-py")] = ["-pyfs", str(ROOT / "jobs" / "examples" / "lexicon_handler.py")]
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    docs = {json.loads(m.value())["id"]: json.loads(m.value())
+            for m in read_topic(bootstrap, "lexicon-out", min_count=len(reviews), timeout_s=60)}
+    assert sorted(docs) == sorted(r.id for r in reviews)
+    for r in reviews:
+        doc = docs[r.id]
+        assert list(doc) == ["id", "label", "score", "known_words", "model_sha256"]
+        assert doc["score"] == pytest.approx(lexicon.score(r.text), abs=1e-9)
+        assert doc["known_words"] == lexicon.known_words(r.text) and doc["model_sha256"] == sha

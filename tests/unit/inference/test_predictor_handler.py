@@ -1,0 +1,138 @@
+"""The numeric ONNX model handler (--predictor): rag-intent-classifier's logistic regression
+converted by skl2onnx, on real embeddings, gives scikit-learn's own predict_proba and labels;
+graphs that no field takes are refused at load in one line."""
+
+from __future__ import annotations
+
+import warnings
+
+import joblib
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from pyflink_aisp.datasets import load_rotten_tomatoes
+from pyflink_aisp.errors import ModelError
+from pyflink_aisp.inference import BatchingConfig, ModelRuntime
+from pyflink_aisp.inference.handlers import OnnxEncoderHandler, OnnxPredictorHandler, Pooling
+from pyflink_aisp.inference.tasks import SqlType, render_fields
+from pyflink_aisp.inference.testing import check_model_handler
+from pyflink_aisp.models import build_intent_head, build_minilm_encoder, locate_intent_models
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    return build_intent_head(tmp_path_factory.mktemp("head") / "intent-head.onnx")
+
+
+@pytest.fixture(scope="module")
+def embeddings(tmp_path_factory):
+    """all-MiniLM-L6-v2 embeddings (mean pooled, normalised) of 40 real review snippets."""
+    encoder_dir = build_minilm_encoder(tmp_path_factory.mktemp("minilm"))
+    encoder = OnnxEncoderHandler(model_path=encoder_dir / "model.onnx",
+                                 tokenizer_path=encoder_dir / "tokenizer.json", pooling=Pooling.NONE)
+    texts = [r.text for r in load_rotten_tomatoes()[:40]]
+    return np.stack(encoder.run_inference(texts, encoder.load_model()))
+
+
+def _sklearn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        models = locate_intent_models()
+        return joblib.load(models / "LogisticRegression.joblib"), joblib.load(models / "label_map.joblib")
+
+
+def test_the_task_declares_one_field_per_graph_output(head):
+    fields = OnnxPredictorHandler(model_path=head).task().fields
+    assert [(f.name, f.sql_type) for f in fields] == [("label", SqlType.STRING),
+                                                      ("probabilities", SqlType.ARRAY_FLOAT)]
+
+
+def test_probabilities_and_labels_equal_scikit_learns(head, embeddings):
+    handler = OnnxPredictorHandler(model_path=head)
+    predictions = handler.run_inference(list(embeddings), handler.load_model())
+    rendered = [render_fields(handler.task(), p) for p in predictions]
+    clf, names = _sklearn()
+    want = clf.predict_proba(embeddings)
+    got = np.array([r["probabilities"] for r in rendered])
+    assert got.shape == (40, 157)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # the label is the class of the largest probability, named by the package's label map
+    want_labels = [str(names.get(c, c)) for c in clf.predict(embeddings)]
+    want_labels = [c if n.lstrip("-").isdigit() else n
+                   for c, n in zip(map(str, clf.predict(embeddings)), want_labels, strict=True)]
+    assert [r["label"] for r in rendered] == want_labels
+    assert len(set(want_labels)) > 3  # the texts do not all land on one intent
+
+
+def test_the_handler_keeps_the_contract(head, embeddings):
+    report = check_model_handler(OnnxPredictorHandler(model_path=head), list(embeddings[:6]))
+    assert report.examples == 6 and report.device == "cpu"
+    assert report.max_abs_diff < 1e-5
+
+
+def test_a_vector_of_another_width_fails_alone_and_the_rest_score(head, embeddings):
+    runtime = ModelRuntime.acquire(OnnxPredictorHandler(model_path=head), BatchingConfig(max_batch_size=8))
+    try:
+        rows = [list(embeddings[0]), [0.5] * 3, list(embeddings[1])]
+        outcomes = runtime.infer_batch(rows)
+    finally:
+        runtime.release()
+    assert isinstance(outcomes[1], ValueError) and "(384,) feature vector" in str(outcomes[1])
+    assert not isinstance(outcomes[0], BaseException) and not isinstance(outcomes[2], BaseException)
+    np.testing.assert_allclose(outcomes[0].prediction["probabilities"],
+                               _sklearn()[0].predict_proba(embeddings[:1])[0], atol=1e-5)
+
+
+def _graph(tmp_path, inputs, outputs, name="m.onnx"):
+    nodes = [helper.make_node("Identity", [inputs[0].name], [o.name]) for o in outputs]
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    path = tmp_path / name
+    onnx.save_model(model, str(path))
+    return path
+
+
+def test_a_regressor_output_of_shape_batch_by_one_is_a_double(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1])
+    y = helper.make_tensor_value_info("variable", TensorProto.FLOAT, ["batch", 1])
+    handler = OnnxPredictorHandler(model_path=_graph(tmp_path, [x], [y]))
+    assert [(f.name, f.sql_type) for f in handler.task().fields] == [("variable", SqlType.DOUBLE)]
+    out = handler.run_inference([[2.5], [-1.0]], handler.load_model())
+    assert [render_fields(handler.task(), p) for p in out] == [{"variable": 2.5}, {"variable": -1.0}]
+
+
+@pytest.mark.parametrize(("inputs", "outputs", "message"), [
+    ([helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])], "static batch size 4"),
+    ([helper.make_tensor_value_info("x", TensorProto.INT64, ["b", 3])],
+     [helper.make_tensor_value_info("y", TensorProto.INT64, ["b", 3])], "takes one float tensor"),
+    ([helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3])],
+     [helper.make_tensor_value_info("id", TensorProto.FLOAT, ["b", 3])], "operators write themselves"),
+    ([helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 2, 3])],
+     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 2, 3])], "takes one float tensor"),
+])
+def test_graphs_no_field_takes_are_refused_in_one_line(tmp_path, inputs, outputs, message):
+    handler = OnnxPredictorHandler(model_path=_graph(tmp_path, inputs, outputs))
+    with pytest.raises(ModelError, match=message) as info:
+        handler.load_model()
+    assert "\n" not in str(info.value)
+
+
+def test_a_zipmap_output_is_refused_with_the_export_option_to_use(tmp_path):
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = load_iris(return_X_y=True)
+    model = to_onnx(LogisticRegression(max_iter=200).fit(x, y), x[:1].astype(np.float32), target_opset=18)
+    path = tmp_path / "zipmap.onnx"
+    onnx.save_model(model, str(path))
+    with pytest.raises(ModelError, match="zipmap=False"):
+        OnnxPredictorHandler(model_path=path).task()
+
+
+def test_a_missing_file_is_refused():
+    with pytest.raises(ModelError, match="not found"):
+        OnnxPredictorHandler(model_path="/nonexistent/model.onnx")

@@ -1,0 +1,198 @@
+"""The model registry (YAML): named models with their task, path and options, read by jobs
+(--models/--model), the SQL functions and `aisp models`; every bad entry is one line naming
+the file, the model and the key."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.inference.handlers import OnnxClassifierHandler, OnnxEncoderHandler, OnnxPredictorHandler
+from pyflink_aisp.inference.tasks import SqlType
+from pyflink_aisp.models import build_intent_head
+from pyflink_aisp.pipeline import ModelTask, load_registry, options_from_args, registry_from_env
+from pyflink_aisp.pipeline._handlers import handler_for
+
+HANDLER_MODULE = '''
+from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.inference.tasks import OutputField, SqlType, Task
+
+
+class LengthTask(Task):
+    @property
+    def fields(self):
+        return (OutputField(name="chars", sql_type=SqlType.BIGINT),)
+
+    def render(self, prediction):
+        return {"chars": int(prediction)}
+
+
+class LengthHandler(ModelHandler):
+    def __init__(self, scale=1):
+        self.scale = scale
+
+    def load_model(self):
+        return self.scale
+
+    def run_inference(self, batch, model):
+        return [len(text) * model for text in batch]
+
+    def task(self, *, with_embedding=False):
+        return LengthTask()
+'''
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    return build_intent_head(tmp_path_factory.mktemp("head") / "intent-head.onnx")
+
+
+@pytest.fixture()
+def handler_module(tmp_path, monkeypatch):
+    (tmp_path / "my_length_handler.py").write_text(HANDLER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_length_handler"
+    sys.modules.pop("my_length_handler", None)
+
+
+def _write(tmp_path, text, name="models.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_entries_become_options_with_paths_relative_to_the_file(tmp_path, head):
+    (tmp_path / "enc").mkdir()
+    for name in ("model.onnx", "tokenizer.json"):
+        (tmp_path / "enc" / name).write_text("x")
+    head_copy = tmp_path / "head.onnx"
+    head_copy.write_bytes(head.read_bytes())
+    registry = load_registry(_write(tmp_path, """
+        models:
+          risk:
+            task: predict
+            path: head.onnx
+            max-batch-size: 64
+            max-wait-ms: 2.5
+            device: cpu
+          minilm:
+            task: embed
+            path: enc/model.onnx
+            tokenizer: enc/tokenizer.json
+            encoder-pooling: none
+            encoder-normalize: true
+            length-buckets: [16, 32]
+    """))
+    assert list(registry.models) == ["risk", "minilm"]
+    risk, minilm = registry.get("risk"), registry.get("minilm")
+    assert risk.task is ModelTask.PREDICT and risk.options.predictor == head_copy.resolve()
+    assert (risk.options.max_batch_size, risk.options.max_wait_ms) == (64, 2.5)
+    assert minilm.options.encoder_onnx == (tmp_path / "enc" / "model.onnx").resolve()
+    assert minilm.options.encoder_normalize is True and minilm.options.length_buckets == (16, 32)
+    assert [(f.name, f.sql_type) for f in risk.handler().task().fields] == [
+        ("label", SqlType.STRING), ("probabilities", SqlType.ARRAY_FLOAT)]
+    assert isinstance(risk.handler(), OnnxPredictorHandler)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("models: {}", "needs a non-empty 'models:' mapping"),
+    ("models: [a, b]", "needs a non-empty 'models:' mapping"),
+    ("models:\n  a: {task: classify, path: x}\n   b: 1", "is not YAML"),
+    ("models:\n  Intent: {task: classify, path: .}", "model name 'Intent' must match"),
+    ("models:\n  a: {task: translate, path: .}", "task must be one of classify, embed, predict"),
+    ("models:\n  a: {task: predict, path: nope.onnx}", "model a: path .*nope.onnx does not exist"),
+    ("models:\n  a: {task: predict}", "task predict needs 'path'"),
+    ("models:\n  a: {task: predict, path: ., input-topic: t}", r"unknown key\(s\) \['input-topic'\]"),
+    ("models:\n  a: {task: predict, path: ., max-batch-size: 0}", "model a: max-batch-size must be >= 1"),
+    ("models:\n  a: {task: predict, path: ., device: tpu}", "model a: device"),
+    ("models:\n  a: {task: handler}", "task handler needs 'class'"),
+    ("models:\n  a: {task: handler, class: 'not a path'}", "--handler must be 'module:Class'"),
+    ("models:\n  a: {task: handler, class: 'm:C', args: [1]}", "args must be a mapping"),
+])
+def test_a_bad_registry_is_one_line_naming_the_file_and_model(tmp_path, text, message):
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_registry(path)
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+def test_an_unknown_name_lists_the_names(tmp_path, head):
+    registry = load_registry(_write(tmp_path, f"models:\n  risk: {{task: predict, path: {head}}}\n"))
+    with pytest.raises(ConfigError, match=r"names no model 'fraud'; it has \['risk'\]"):
+        registry.get("fraud")
+
+
+def test_the_job_runs_the_named_model_with_its_options(tmp_path, head):
+    path = _write(tmp_path, f"models:\n  risk: {{task: predict, path: {head}, max-batch-size: 16}}\n")
+    options = options_from_args(["--input-topic", "in", "--output-topic", "out", "--models", str(path),
+                                 "--model", "risk", "--feature-fields", "/embedding"])
+    assert options.predictor == head and options.max_batch_size == 16
+    assert isinstance(handler_for(options), OnnxPredictorHandler)
+
+
+def test_models_and_model_go_together(tmp_path, head, capsys):
+    with pytest.raises(SystemExit):
+        options_from_args(["--input-topic", "in", "--output-topic", "out", "--model", "risk"])
+    assert "--models FILE and --model NAME go together" in capsys.readouterr().err
+
+
+def test_the_sql_registry_comes_from_the_environment(tmp_path, head, monkeypatch):
+    monkeypatch.delenv("AISP_MODELS", raising=False)
+    with pytest.raises(ConfigError, match=r"\$AISP_MODELS names no model registry"):
+        registry_from_env()
+    path = _write(tmp_path, f"models:\n  risk: {{task: predict, path: {head}}}\n")
+    monkeypatch.setenv("AISP_MODELS", str(path))
+    assert list(registry_from_env().models) == ["risk"]
+
+
+def test_a_handler_entry_builds_the_users_class_with_its_args(tmp_path, handler_module):
+    registry = load_registry(_write(tmp_path, f"""
+        models:
+          length:
+            task: handler
+            class: {handler_module}:LengthHandler
+            args: {{scale: 3}}
+    """))
+    handler = registry.get("length").handler()
+    assert handler.run_inference(["abcd", ""], handler.load_model()) == [12, 0]
+    assert [f.name for f in handler.task().fields] == ["chars"]
+
+
+def test_handler_by_option_and_its_errors(handler_module):
+    from pyflink_aisp.pipeline import InferenceOptions
+
+    handler = handler_for(InferenceOptions(handler=f"{handler_module}:LengthHandler",
+                                           handler_args=json.dumps({"scale": 2})))
+    assert handler.run_inference(["abc"], handler.load_model()) == [6]
+    for path, args, message in [
+        ("no_such_module_here:X", None, "cannot import no_such_module_here .*flink run -pyfs"),
+        (f"{handler_module}:Missing", None, "has no Missing"),
+        (f"{handler_module}:LengthHandler", '{"weight": 1}', "--handler-args do not fit LengthHandler"),
+        (f"{handler_module}:LengthTask", None, "is not a pyflink_aisp.inference.ModelHandler"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            handler_for(InferenceOptions(handler=path, handler_args=args))
+    with pytest.raises(ConfigError, match="--handler-args must be a JSON object"):
+        InferenceOptions(handler=f"{handler_module}:LengthHandler", handler_args="[1]")
+    with pytest.raises(ConfigError, match="--classifier and --handler each name the model"):
+        InferenceOptions(handler=f"{handler_module}:LengthHandler", classifier="/tmp")
+
+
+def test_classify_and_embed_entries_build_their_handlers(tmp_path):
+    from pyflink_aisp.models import build_intent_classifier
+
+    intent = build_intent_classifier(tmp_path / "intent")
+    registry = load_registry(_write(tmp_path, """
+        models:
+          intent: {task: classify, path: intent, top-k: 2}
+          minilm: {task: embed, path: intent/model.onnx, tokenizer: intent/tokenizer.json,
+                   encoder-output: logits, encoder-pooling: none}
+    """))
+    classify = registry.get("intent").handler()
+    assert isinstance(classify, OnnxClassifierHandler) and classify.task().top_k == 2
+    assert isinstance(registry.get("minilm").handler(), OnnxEncoderHandler)
+    assert registry.get("intent").options.classifier == intent.resolve()
