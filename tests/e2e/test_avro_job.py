@@ -7,8 +7,6 @@ dead letters with their reasons, not restarts."""
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.inference.handlers import OnnxSentimentModel
-from pyflink_aisp.kafka import create_topics, read_topic
+from pyflink_aisp.kafka import create_topics
 
 pytestmark = pytest.mark.e2e
 
@@ -51,32 +49,18 @@ def avro_topic(stack, schema_registry):
 
 @pytest.mark.parametrize("mode", ["batch", "streaming"])
 def test_avro_records_are_scored_exactly_once_by_options_alone(stack, model_assets, schema_registry,
-                                                               avro_topic, mode):
+                                                               avro_topic, job_outputs, mode):
     bootstrap = str(stack.status().bootstrap_servers)
     out_topic = f"avro-scores-{mode}"
     create_topics(bootstrap, [out_topic, f"{out_topic}.dlq"])
-    cmd = stack.flink_run_command(
-        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap, "--input-topic",
-        "avro-reviews", "--output-topic", out_topic, "--mode", mode,
-        "--model-dir", str(model_assets.directory),
-        "--value-format", "avro", "--schema-registry-url", schema_registry, "--text-field", "/body",
-        "--id-field", "/review_id", "--keep-fields", "/lang", "--checkpoint-interval-ms", "1000")
-    job_id = None
-    if mode == "streaming":
-        cmd.insert(cmd.index("run") + 1, "-d")
-    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    stdout, read = job_outputs(stack, mode, (
+        "--bootstrap-servers", bootstrap, "--input-topic", "avro-reviews", "--output-topic", out_topic,
+        "--model-dir", str(model_assets.directory), "--value-format", "avro", "--schema-registry-url",
+        schema_registry, "--text-field", "/body", "--id-field", "/review_id", "--keep-fields", "/lang",
+        "--checkpoint-interval-ms", "1000"), {out_topic: N, f"{out_topic}.dlq": 3})
     if mode == "batch":
-        assert f": {N + 3} in, {N} out, 3 dead letters" in proc.stdout
-    else:
-        job_id = re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
-    try:
-        out = read_topic(bootstrap, out_topic, min_count=N, timeout_s=180, quiet_s=2)
-        dlq = read_topic(bootstrap, f"{out_topic}.dlq", min_count=3, timeout_s=60, quiet_s=2)
-    finally:
-        if job_id is not None:
-            subprocess.run([stack.flink_run_command("x")[0], "cancel", job_id], env=stack.flink_env(),
-                           capture_output=True, timeout=120)
+        assert f": {N + 3} in, {N} out, 3 dead letters" in stdout
+    out, dlq = read[out_topic], read[f"{out_topic}.dlq"]
     docs = [json.loads(m.value()) for m in out]
     reviews = avro_topic
     assert sorted(d["id"] for d in docs) == sorted(r.id for r in reviews)  # each once

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import subprocess
 import sys
 import warnings
@@ -64,33 +63,20 @@ def _expected(vectors):
 
 
 @pytest.mark.parametrize("mode", ["batch", "streaming"])
-def test_a_numeric_model_scores_a_feature_topic_by_options_alone(stack, models, features, mode):
+def test_a_numeric_model_scores_a_feature_topic_by_options_alone(stack, models, features, job_outputs, mode):
     bootstrap = str(stack.status().bootstrap_servers)
     out_topic = f"features-{mode}"
     create_topics(bootstrap, [out_topic, f"{out_topic}.dlq"])
     model = (("--predictor", str(models / "intent-head.onnx")) if mode == "batch" else
              ("--models", str(models / "models.yaml"), "--model", "intent_head", "--checkpoint-interval-ms",
               "1000"))
-    cmd = stack.flink_run_command(
-        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap, "--input-topic",
-        "features", "--output-topic", out_topic, "--mode", mode, *model, "--feature-fields", "/embedding",
-        "--id-field", "/tx", "--keep-fields", "/source")
-    job_id = None
-    if mode == "streaming":
-        cmd.insert(cmd.index("run") + 1, "-d")
-    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    stdout, read = job_outputs(stack, mode, (
+        "--bootstrap-servers", bootstrap, "--input-topic", "features", "--output-topic", out_topic, *model,
+        "--feature-fields", "/embedding", "--id-field", "/tx", "--keep-fields", "/source"),
+        {out_topic: N, f"{out_topic}.dlq": 2})
     if mode == "batch":
-        assert f": {N + 2} in, {N} out, 2 dead letters" in proc.stdout
-    else:
-        job_id = re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
-    try:
-        out = read_topic(bootstrap, out_topic, min_count=N, timeout_s=180, quiet_s=2)
-        dlq = read_topic(bootstrap, f"{out_topic}.dlq", min_count=2, timeout_s=60, quiet_s=2)
-    finally:
-        if job_id is not None:
-            subprocess.run([stack.flink_run_command("x")[0], "cancel", job_id], env=stack.flink_env(),
-                           capture_output=True, timeout=120)
+        assert f": {N + 2} in, {N} out, 2 dead letters" in stdout
+    out, dlq = read[out_topic], read[f"{out_topic}.dlq"]
     docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in out}
     assert sorted(docs) == sorted(f"x{i}" for i in range(N)) and len(out) == N  # each once
     version = OnnxPredictorHandler(model_path=models / "intent-head.onnx").model_version()
