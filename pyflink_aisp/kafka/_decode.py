@@ -185,8 +185,20 @@ def _kept(obj: dict[str, Any], mapping: FieldMapping) -> tuple[tuple[str, Any], 
                  for name, path in zip(mapping.kept_names, mapping.keep_paths, strict=True))
 
 
+def _key_id(key: bytes | None) -> str | None:
+    """The id of a record whose id is its Kafka key: the key as UTF-8 (None: no key, or empty)."""
+    if not key:
+        return None
+    try:
+        return bytes(key).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeError(Reason.BAD_ID.value, f"the Kafka key is not UTF-8 (byte {exc.start}: "
+                          f"{exc.reason})") from exc
+
+
 def decode_review(value: bytes | None, source: KafkaCoordinates,
-                  mapping: FieldMapping = DEFAULT_MAPPING) -> DecodedRecord | DeadLettered:
+                  mapping: FieldMapping = DEFAULT_MAPPING,
+                  key: bytes | None = None) -> DecodedRecord | DeadLettered:
     """Decode one Kafka record value.
 
     Args:
@@ -194,6 +206,7 @@ def decode_review(value: bytes | None, source: KafkaCoordinates,
         source: The record's topic, partition and offset.
         mapping: Where the text and the id are, and the fields to keep (default
             ``{"id", "text"}``, nothing kept).
+        key: The record's Kafka key (read only when the mapping's id is the key).
 
     Returns:
         A :class:`DecodedRecord`, or a :class:`~pyflink_aisp.outcome.DeadLettered`
@@ -202,7 +215,9 @@ def decode_review(value: bytes | None, source: KafkaCoordinates,
     """
     try:
         if mapping.value_format is ValueFormat.RAW:
-            return _decode_raw(value, source)
+            record = _decode_raw(value, source)
+            keyed = _key_id(key) if mapping.id_from_key else None
+            return record if keyed is None else DecodedRecord(id=keyed, text=record.text)
         if mapping.value_format is ValueFormat.AVRO:
             if value is None:
                 raise DecodeError(Reason.NULL_VALUE.value, "record value is null (tombstone)")
@@ -233,6 +248,8 @@ def decode_review(value: bytes | None, source: KafkaCoordinates,
             raise DecodeError(
                 Reason.TEXT_NOT_STRING.value, f"'{_name(mapping.text)}' is {type(text).__name__}"
             )
+        if mapping.id_from_key:
+            rid = _key_id(key)
         if rid is None:
             rid = source.default_id()
         elif isinstance(rid, bool) or not isinstance(rid, (str, int)):
@@ -296,7 +313,8 @@ def _missing_at(obj: dict[str, Any], pointer: str, found: Any) -> str:
 
 
 def decode_record(
-    value: bytes | None, topic: str, partition: int, offset: int, mapping: FieldMapping = DEFAULT_MAPPING
+    value: bytes | None, topic: str, partition: int, offset: int, mapping: FieldMapping = DEFAULT_MAPPING,
+    key: bytes | None = None,
 ) -> DecodedRecord | DeadLettered:
     """:func:`decode_review` with a catch-all: an exception nobody foresaw (a bug, an
     input of a new kind) becomes a ``decode_error`` dead letter, never a job restart.
@@ -307,10 +325,11 @@ def decode_record(
         partition: Its partition.
         offset: Its offset.
         mapping: As :func:`decode_review`.
+        key: As :func:`decode_review`.
     """
     source = KafkaCoordinates(topic=topic, partition=partition, offset=offset)
     try:
-        return decode_review(value, source, mapping)
+        return decode_review(value, source, mapping, key)
     except Exception as exc:
         raw = None if value is None else (value.encode("utf-8", "surrogatepass") if isinstance(value, str)
                                           else bytes(value))

@@ -16,7 +16,7 @@ from typing import Any
 
 from pyflink_aisp.errors import ConfigError
 
-__all__ = ["DEFAULT_MAPPING", "FieldMapping", "ValueFormat", "parse_pointer", "resolve_pointer"]
+__all__ = ["DEFAULT_MAPPING", "KEY_ID", "FieldMapping", "ValueFormat", "parse_pointer", "resolve_pointer"]
 
 #: Output field names a kept field may not take (the output's own).
 _RESERVED = frozenset({"id", "model_sha256"})
@@ -73,6 +73,10 @@ def is_missing(value: Any) -> bool:
     return value is _MISSING
 
 
+#: ``--id-field key``: the id is the record's Kafka key.
+KEY_ID = "key"
+
+
 @dataclass(frozen=True, kw_only=True)
 class FieldMapping:
     """Where the text and the id of a JSON record are, and the fields the output keeps.
@@ -80,8 +84,9 @@ class FieldMapping:
     Attributes:
         text: JSON Pointer to the text (a string). The parsed ``text_path``, ``id_path`` and
             ``keep_paths`` are set from the pointers.
-        id: JSON Pointer to the id (a non-empty string or an integer); absent, null or
-            None here: the record's ``topic/partition/offset``.
+        id: JSON Pointer to the id (a non-empty string or an integer); ``"key"``: the
+            record's Kafka key (UTF-8); absent, null (or no key) or None here: the record's
+            ``topic/partition/offset``.
         keep: JSON Pointers of fields copied unchanged into the output, each under its
             last token's name (``/meta/lang`` → ``lang``), null where the record has none;
             ``("*",)``: every top-level field of each record except the text's and the id's
@@ -127,7 +132,7 @@ class FieldMapping:
             raise ConfigError("--schema-registry-url must be an http(s) URL, e.g. "
                               "http://127.0.0.1:8081 (Apicurio: http://HOST:PORT/apis/ccompat/v7)")
         object.__setattr__(self, "text_path", parse_pointer(self.text))
-        object.__setattr__(self, "id_path", None if self.id is None else parse_pointer(self.id))
+        object.__setattr__(self, "id_path", None if self.id in (None, KEY_ID) else parse_pointer(self.id))
         if "*" in self.keep and self.keep != ("*",):
             raise ConfigError(f"'*' keeps every field: give it alone, got {list(self.keep)}")
         paths = () if self.keep_all else tuple(parse_pointer(p) for p in self.keep)
@@ -137,6 +142,11 @@ class FieldMapping:
         if clash:
             raise ConfigError(f"kept fields would write {clash} twice or over the output's own id / "
                               "model_sha256: keep each name once")
+
+    @property
+    def id_from_key(self) -> bool:
+        """Whether the id is the record's Kafka key (``id="key"``)."""
+        return self.id == KEY_ID
 
     @property
     def kept_names(self) -> list[str]:

@@ -98,6 +98,8 @@ class KafkaSourceTable:
         stop_offsets: Offset per partition where reading stops, exclusive
             (``scan.bounded.mode = specific-offsets``): the run ends there; replaces
             ``bounded``'s latest offsets.
+        with_key: Add the record's key as a last column ``key BYTES`` (``key.format =
+            raw``; null for a record without a key).
     """
 
     name: str
@@ -108,6 +110,7 @@ class KafkaSourceTable:
     startup_mode: StartupMode = StartupMode.GROUP_OFFSETS
     start_offsets: dict[int, int] | None = None
     stop_offsets: dict[int, int] | None = None
+    with_key: bool = False
 
     def __post_init__(self) -> None:
         _check(self.name, self.topic, self.bootstrap_servers)
@@ -128,7 +131,8 @@ class KafkaSourceTable:
             "properties.group.id": self.group_id,
             "properties.isolation.level": "read_committed",
             "scan.startup.mode": self.startup_mode.value,
-            "format": "raw",
+            **({"key.format": "raw", "key.fields": "key", "value.format": "raw",
+                "value.fields-include": "EXCEPT_KEY"} if self.with_key else {"format": "raw"}),
         }
         if self.startup_mode is StartupMode.GROUP_OFFSETS:
             options["properties.auto.offset.reset"] = "earliest"
@@ -144,8 +148,9 @@ class KafkaSourceTable:
             "  `value` BYTES,\n"
             "  `topic` STRING METADATA VIRTUAL,\n"
             "  `partition` INT METADATA VIRTUAL,\n"
-            "  `offset` BIGINT METADATA VIRTUAL\n"
-            f") WITH (\n  {_with(options)}\n)"
+            "  `offset` BIGINT METADATA VIRTUAL"
+            + (",\n  `key` BYTES\n" if self.with_key else "\n")
+            + f") WITH (\n  {_with(options)}\n)"
         )
 
 

@@ -120,7 +120,8 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         self._shell.open(function_context)
 
     def eval(self, frame: Any) -> Any:
-        """``(n, 4)`` DataFrame ``value, topic, partition, offset`` → ``(n, 4)``
+        """``(n, 4)`` DataFrame ``value, topic, partition, offset`` (``(n, 5)`` with ``key`` last
+        when the id is the Kafka key) → ``(n, 4)``
         DataFrame ``key, value, dead, source`` (``source``: the input record,
         ``topic/partition/offset``), in input order; never raises for a record.
 
@@ -140,7 +141,8 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         topics = frame.iloc[:, 1].tolist()
         partitions = list(map(_coordinate, frame.iloc[:, 2].tolist()))
         offsets = list(map(_coordinate, frame.iloc[:, 3].tolist()))
-        decoded = list(map(decode_record, raw, topics, partitions, offsets, repeat(self._mapping)))
+        keys = frame.iloc[:, 4].tolist() if self._mapping.id_from_key else repeat(None)
+        decoded = list(map(decode_record, raw, topics, partitions, offsets, repeat(self._mapping), keys))
         good = [i for i, d in enumerate(decoded) if isinstance(d, DecodedRecord)]
         texts = [d.model_input for d in decoded if isinstance(d, DecodedRecord)]
         decoded_s = time.perf_counter()

@@ -218,7 +218,8 @@ def _scored_table(
         startup = StartupMode.SPECIFIC_OFFSETS
     source = KafkaSourceTable(name="records_in", topic=options.input_topic, bootstrap_servers=servers,
                               group_id=options.group, bounded=options.bounded, startup_mode=startup,
-                              start_offsets=plan.starts, stop_offsets=plan.span.ends if plan.span else None)
+                              start_offsets=plan.starts, stop_offsets=plan.span.ends if plan.span else None,
+                              with_key=options.field_mapping().id_from_key)
     t_env.execute_sql(source.ddl())
     raw = t_env.from_path("records_in")
     if options.operator is Runner.ARROW:
@@ -257,7 +258,8 @@ def decode_row(value: Row, mapping: FieldMapping = DEFAULT_MAPPING) -> Row:
     Raises:
         UndecodableRecord: The record is not a review; its ``letter`` says why.
     """
-    result = decode_record(value[0], value[1], value[2], value[3], mapping)
+    result = decode_record(value[0], value[1], value[2], value[3], mapping,
+                           value[4] if mapping.id_from_key else None)
     if isinstance(result, DeadLettered):
         raise UndecodableRecord(result)
     return Row(id=result.id, text=result.text, topic=value[1], partition=value[2], offset=value[3],

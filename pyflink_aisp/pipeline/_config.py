@@ -384,9 +384,9 @@ class PipelineOptions(InferenceOptions):
         'user:password@ in the URL is never logged.', nullable=True)
     text_field: str = opt('/text', J, 'Where the text of each JSON record is: a JSON Pointer (RFC 6901), '
         'e.g. /body or /review/text.')
-    id_field: str | None = opt('/id', J, "Where the id of each JSON record is (a JSON Pointer); a record "
-        "without one, and every record with 'none', is scored under its topic/partition/offset.",
-        nullable=True)
+    id_field: str | None = opt('/id', J, "Where the id of each record is: a JSON Pointer, or 'key' (the "
+        "record's Kafka key, UTF-8; any value format); a record without one, and every record with 'none', "
+        "is scored under its topic/partition/offset.", nullable=True)
     feature_fields: str | None = opt(None, J, 'The feature vector of each JSON record for --predictor: one '
         'JSON Pointer to an array of numbers (/features), or comma-separated pointers to numbers '
         '(/amount,/age); no text is read then.', nullable=True)

@@ -133,3 +133,40 @@ def test_a_topic_of_plain_text_values_is_scored_with_value_format_raw(stack, mod
     scores, _ = OnnxSentimentModel(model_assets).predict([r.text for r in reviews])
     for i, score in enumerate(scores):
         assert docs[f"{topic}/0/{i}"]["score"] == pytest.approx(float(score), abs=1e-5)
+
+
+@pytest.mark.parametrize(("mode", "operator", "value_format"), [("batch", "arrow", "raw"),
+                                                                 ("streaming", "async", "json")])
+def test_the_kafka_key_is_the_id_with_id_field_key(stack, model_assets, job_outputs, mode, operator,
+                                                    value_format):
+    """--id-field key: each output's id (and Kafka key) is its record's key; a record without a key is
+    scored under its coordinates; a key that is not UTF-8 is a bad_id dead letter."""
+    from confluent_kafka import Producer
+
+    bootstrap = str(stack.status().bootstrap_servers)
+    topic = f"keyed-{mode}"
+    create_topics(bootstrap, [topic, f"{topic}-out", f"{topic}-out.dlq"], partitions=1)
+    reviews = load_rotten_tomatoes()[:N]
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for r in reviews:
+        value = r.text if value_format == "raw" else json.dumps({"id": "not-this", "text": r.text})
+        producer.produce(topic, key=f"key-{r.id}".encode(), value=value.encode("utf-8"))
+    keyless = "no key here" if value_format == "raw" else json.dumps({"text": "no key here"})
+    producer.produce(topic, value=keyless.encode())
+    producer.produce(topic, key=b"\xff\xfe", value=keyless.encode())
+    assert producer.flush(60) == 0
+    stdout, read = job_outputs(stack, mode, (
+        "--bootstrap-servers", bootstrap, "--input-topic", topic, "--output-topic", f"{topic}-out",
+        "--model-dir", str(model_assets.directory), "--value-format", value_format, "--id-field", "key",
+        "--operator", operator, "--checkpoint-interval-ms", "1000"),
+        {f"{topic}-out": N + 1, f"{topic}-out.dlq": 1})
+    if mode == "batch":
+        assert f": {N + 2} in, {N + 1} out, 1 dead letters (bad_id 1)" in stdout
+    docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in read[f"{topic}-out"]}
+    assert sorted(docs) == sorted([f"key-{r.id}" for r in reviews] + [f"{topic}/0/{N}"])
+    assert all(m.key().decode() == json.loads(m.value())["id"] for m in read[f"{topic}-out"])
+    scores, _ = OnnxSentimentModel(model_assets).predict([r.text for r in reviews])
+    assert all(docs[f"key-{r.id}"]["score"] == pytest.approx(float(s), abs=1e-5)
+               for r, s in zip(reviews, scores, strict=True))
+    (letter,) = [json.loads(m.value()) for m in read[f"{topic}-out.dlq"]]
+    assert letter["reason"] == "bad_id" and letter["detail"].startswith("the Kafka key is not UTF-8")

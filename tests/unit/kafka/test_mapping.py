@@ -133,3 +133,21 @@ def test_a_record_without_usable_features_is_a_dead_letter_naming_the_path(value
 def test_a_single_number_feature_is_a_vector_of_one():
     out = decode_review(b'{"x": 4}', SRC, FieldMapping(features=("/x",)))
     assert isinstance(out, DecodedRecord) and out.features == (4.0,)
+
+
+def test_the_kafka_key_as_the_id_for_json_and_raw_values():
+    json_key = FieldMapping(text="/body", id="key", keep=("*",))
+    out = decode_review(b'{"body": "t", "id": "ignored", "lang": "en"}', SRC, json_key, key="k-1 é".encode())
+    assert out == DecodedRecord(id="k-1 é", text="t", kept=(("lang", "en"),))  # the record's own id is not
+    assert decode_review(b'{"body": "t"}', SRC, json_key, key=None).id == "reviews/1/9"  # no key
+    assert decode_review(b'{"body": "t"}', SRC, json_key, key=b"").id == "reviews/1/9"
+    raw_key = FieldMapping(value_format="raw", id="key")
+    assert decode_review(b"a text", SRC, raw_key, key=b"r7") == DecodedRecord(id="r7", text="a text")
+    bad = decode_review(b"a text", SRC, raw_key, key=b"\xff")
+    assert isinstance(bad, DeadLettered) and bad.reason is Reason.BAD_ID
+    assert bad.detail == "the Kafka key is not UTF-8 (byte 0: invalid start byte)"
+
+
+def test_the_key_is_read_only_when_the_id_is_the_key():
+    out = decode_review(b'{"id": "a", "text": "t"}', SRC, FieldMapping(), key=b"other")
+    assert isinstance(out, DecodedRecord) and out.id == "a"

@@ -14,6 +14,15 @@ def test_source_ddl_reads_raw_bytes_with_metadata_and_read_committed():
     assert "'properties.auto.offset.reset' = 'earliest'" in ddl
 
 
+def test_a_source_with_the_key_adds_it_as_the_last_raw_column():
+    ddl = KafkaSourceTable(name="src", topic="t", bootstrap_servers="h:1", group_id="g", with_key=True).ddl()
+    assert "`offset` BIGINT METADATA VIRTUAL,\n  `key` BYTES\n)" in ddl
+    for option in ("'key.format' = 'raw'", "'key.fields' = 'key'", "'value.format' = 'raw'",
+                   "'value.fields-include' = 'EXCEPT_KEY'"):
+        assert option in ddl
+    assert "'format' = 'raw'" not in ddl
+
+
 def test_earliest_startup_needs_no_reset_policy():
     ddl = KafkaSourceTable(name="s", topic="t", bootstrap_servers="h:1", group_id="g",
                            startup_mode=StartupMode.EARLIEST).ddl()
