@@ -39,7 +39,7 @@ from pyflink_aisp.outcome import Reason
 from pyflink_aisp.pipeline._build import build_pipeline, make_environment
 from pyflink_aisp.pipeline._config import PipelineOptions
 from pyflink_aisp.pipeline._failfast import TERMINAL, check_dead_letter_rate, wait_failing_fast
-from pyflink_aisp.pipeline._handlers import model_assets
+from pyflink_aisp.pipeline._handlers import handler_for, model_assets
 from pyflink_aisp.pipeline._plan import InputPlan, group_or_earliest, plan_input, rest_url
 from pyflink_aisp.pipeline._watch import likely_fix
 
@@ -51,12 +51,17 @@ _CLIENT_KEYS = ("execution.target", "execution.attached", "rest.address", "rest.
 
 
 def model_files(options: PipelineOptions) -> dict[str, str]:
-    """File name → sha256 of the model and tokenizer the options load (lineage to the weights).
+    """File name → sha256 of the model and tokenizer the options load (lineage to the weights);
+    for ``--handler``, its ``module:Class`` → the handler's model version (its files are its own).
 
     Raises:
-        ConfigError: A file cannot be read.
+        ConfigError: A file cannot be read, or the handler cannot be built.
         ModelError: The sentiment assets cannot be found or built.
     """
+    if options.handler is not None:
+        return {options.handler: handler_for(options).model_version()}
+    if options.predictor is not None:
+        return {options.predictor.name: file_sha256(options.predictor)}
     if options.encoder_onnx is not None and options.encoder_tokenizer is not None:
         return {options.encoder_onnx.name: file_sha256(options.encoder_onnx),
                 options.encoder_tokenizer.name: file_sha256(options.encoder_tokenizer)}

@@ -26,7 +26,6 @@ export with ``options={id(model): {"zipmap": False}}``.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
-from pyflink_aisp.checksums import sha256_file
+from pyflink_aisp.checksums import sha256_file, verify_sha256
 from pyflink_aisp.errors import ChecksumError, ConfigError, ModelError
 from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
 from pyflink_aisp.inference.handlers._onnx import (
@@ -52,7 +51,6 @@ from pyflink_aisp.inference.tasks import RESERVED_FIELDS, OutputField, Predictio
 
 __all__ = ["OnnxPredictorHandler", "PredictorModel", "predictor_fields"]
 
-_VERSION_TAG = "pyflink-aisp/onnx-predictor/1"
 _FLOATS = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16}
 _INTS = {f"tensor({t})" for t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}
 _SCALAR = {**dict.fromkeys(_FLOATS, SqlType.DOUBLE), **dict.fromkeys(_INTS, SqlType.BIGINT),
@@ -173,7 +171,8 @@ class OnnxPredictorHandler(ModelHandler[Any, dict[str, Any], PredictorModel]):
     Examples are ``(n_features,)`` sequences of numbers; predictions are
     ``{field name: value}`` rendered by the :class:`PredictionTask` of :meth:`task`.
     A vector of another width fails alone (the runtime prepares smaller parts), as
-    ``inference_error``. The model version is the sha256 over the ``.onnx`` file.
+    ``inference_error``. The model version is the sha256 of the ``.onnx`` file; hot swap
+    (:meth:`load_version`) takes another file with the same input and output fields.
 
     Args:
         model_path: The ``.onnx`` file.
@@ -210,11 +209,11 @@ class OnnxPredictorHandler(ModelHandler[Any, dict[str, Any], PredictorModel]):
         return {**self.__dict__, "_task": None}  # the task is read again from the graph
 
     def _file_version(self) -> str:
-        text = f"{_VERSION_TAG}\n{self._path.name} {sha256_file(self._path)}\n"
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+        return sha256_file(self._path)
 
     def model_version(self) -> str:
-        """sha256 over the ``.onnx`` file (read on first call).
+        """The sha256 of the ``.onnx`` file (read on first call; a hot swap's pointer names the
+        new file's the same way).
 
         Raises:
             ModelError: The file is unreadable.
@@ -258,6 +257,37 @@ class OnnxPredictorHandler(ModelHandler[Any, dict[str, Any], PredictorModel]):
                                intra_op_num_threads=self._threads)
         name, dtype, width = _plan_input(session, self._path)
         return PredictorModel(session, name, dtype, width, predictor_fields(session, self._path))
+
+    def load_version(self, path: Path, sha256: str) -> PredictorModel:
+        """Load another ``.onnx`` file of the model (hot swap): the same input width and the same
+        output fields, and it runs on a probe (a zero vector and a ones vector) to finite numbers.
+
+        Raises:
+            ChecksumError: The file's sha256 is not ``sha256``.
+            ModelError: The file does not load, has another input or other output fields, or the
+                probe fails or gives NaN / infinity.
+        """
+        verify_sha256(path, sha256)
+        session = open_session(Path(path), f"numeric model {sha256[:12]}", self._providers,
+                               intra_op_num_threads=self._threads)
+        name, dtype, width = _plan_input(session, Path(path))
+        fields = predictor_fields(session, Path(path))
+        current = self.task().fields
+        if tuple(f for _, f in fields) != current:
+            raise ModelError(f"{path} gives the fields {[f.name for _, f in fields]} "
+                             f"({[f.sql_type.value for _, f in fields]}), not the serving model's "
+                             f"{[f.name for f in current]} ({[f.sql_type.value for f in current]})")
+        model = PredictorModel(session, name, dtype, width, fields)
+        try:
+            probe = model.run(np.stack([np.zeros(width or 1, dtype=dtype), np.ones(width or 1, dtype=dtype)]))
+        except Exception as exc:  # ORT raises its own types for a graph that does not run
+            raise ModelError(f"model {path} does not run on a ({width},) vector: {exc}") from exc
+        for row in probe:
+            for f in current:
+                value = np.asarray(row[f.name])
+                if value.dtype.kind == "f" and not np.isfinite(value).all():
+                    raise ModelError(f"model {path} gives a non-finite {f.name} on the probe vectors")
+        return model
 
     def run_inference(self, batch: Sequence[Any], model: PredictorModel) -> list[dict[str, Any]]:
         """Stack ``batch`` and run it as one model call.

@@ -136,3 +136,36 @@ def test_a_zipmap_output_is_refused_with_the_export_option_to_use(tmp_path):
 def test_a_missing_file_is_refused():
     with pytest.raises(ModelError, match="not found"):
         OnnxPredictorHandler(model_path="/nonexistent/model.onnx")
+
+
+def test_hot_swap_takes_a_retrained_model_with_the_same_fields_and_refuses_others(head, embeddings,
+                                                                                 tmp_path):
+    from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import FloatTensorType
+
+    from pyflink_aisp.checksums import sha256_file
+    from pyflink_aisp.errors import ChecksumError
+
+    clf, _ = _sklearn()
+    handler = OnnxPredictorHandler(model_path=head)
+    serving = handler.load_model()
+    assert handler.model_version() == sha256_file(head)
+    assert handler.run_inference([embeddings[0]], serving)[0]["label"]
+    retrained = clf
+    retrained.coef_ = retrained.coef_ * 0.5  # another version: flatter probabilities, the same fields
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = to_onnx(retrained, initial_types=[("embedding", FloatTensorType([None, 384]))],
+                        options={id(retrained): {"zipmap": False}}, target_opset={"": 18, "ai.onnx.ml": 3})
+    v2 = tmp_path / "v2.onnx"
+    onnx.save_model(model, str(v2))
+    swapped = handler.load_version(v2, sha256_file(v2))
+    (got,) = handler.run_inference([embeddings[0]], swapped)
+    np.testing.assert_allclose(got["probabilities"], retrained.predict_proba(embeddings[:1])[0], atol=1e-5)
+    with pytest.raises(ChecksumError):
+        handler.load_version(v2, "0" * 64)
+    x = helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", 384])
+    y = helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 384])
+    other = _graph(tmp_path, [x], [y], name="other.onnx")
+    with pytest.raises(ModelError, match=r"gives the fields \['score'\].*not the serving model's"):
+        handler.load_version(other, sha256_file(other))

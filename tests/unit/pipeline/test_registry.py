@@ -196,3 +196,15 @@ def test_classify_and_embed_entries_build_their_handlers(tmp_path):
     assert isinstance(classify, OnnxClassifierHandler) and classify.task().top_k == 2
     assert isinstance(registry.get("minilm").handler(), OnnxEncoderHandler)
     assert registry.get("intent").options.classifier == intent.resolve()
+
+
+def test_manifests_name_the_files_of_the_model_the_job_runs(head, handler_module):
+    from pyflink_aisp.checksums import sha256_file
+    from pyflink_aisp.pipeline import PipelineOptions
+    from pyflink_aisp.pipeline._run import model_files
+
+    base = {"input_topic": "in", "output_topic": "out"}
+    assert model_files(PipelineOptions(**base, predictor=head, feature_fields="/x")) == {
+        "intent-head.onnx": sha256_file(head)}
+    handler = f"{handler_module}:LengthHandler"
+    assert model_files(PipelineOptions(**base, handler=handler)) == {handler: "unversioned"}
