@@ -34,6 +34,11 @@ def _script(tmp_path: Path, bootstrap: str) -> Path:
         ("'scan.startup.mode' = 'group-offsets',", "'scan.startup.mode' = 'earliest-offset', "
                                                    "'scan.bounded.mode' = 'latest-offset',"),
         ("127.0.0.1:9092", bootstrap),
+        # topics of this test alone (test_classifier_job.py writes other records to `tickets`)
+        ("'topic' = 'tickets'", "'topic' = 'sql-tickets'"),
+        ("'topic' = 'tickets-intent;tickets-intent.dlq'",
+         "'topic' = 'sql-tickets-intent;sql-tickets-intent.dlq'"),
+        ("'tickets-intent' ELSE 'tickets-intent.dlq'", "'sql-tickets-intent' ELSE 'sql-tickets-intent.dlq'"),
     ]:
         assert old in text, old
         text = text.replace(old, new)
@@ -49,9 +54,9 @@ def test_three_named_models_in_one_sql_job_from_the_registry(stack, tmp_path):
     build_minilm_encoder(tmp_path / "models" / "minilm")
     texts = [r.text for r in load_rotten_tomatoes()[:N]]
     bootstrap = str(stack.status().bootstrap_servers)
-    create_topics(bootstrap, ["tickets", "tickets-intent", "tickets-intent.dlq"])
+    create_topics(bootstrap, ["sql-tickets", "sql-tickets-intent", "sql-tickets-intent.dlq"])
     records = [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)] + [{"id": "no-text"}]
-    assert ingest_records(bootstrap, "tickets", records, progress=False).delivered == N + 1
+    assert ingest_records(bootstrap, "sql-tickets", records, progress=False).delivered == N + 1
     env = dict(os.environ, AISP_LOCAL_DIR=str(stack.state_dir))
     argv = [sys.executable, "-m", "pyflink_aisp.cli", "sql", "--models", str(tmp_path / "models.yaml"),
             str(_script(tmp_path, bootstrap))]
@@ -59,7 +64,7 @@ def test_three_named_models_in_one_sql_job_from_the_registry(stack, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert len(re.findall(r"^aisp sql: submitted job ([0-9a-f]{32}) ", proc.stdout, re.M)) == 1
     docs = {json.loads(m.value())["id"]: json.loads(m.value())
-            for m in read_topic(bootstrap, "tickets-intent", min_count=N, timeout_s=300, quiet_s=3)}
+            for m in read_topic(bootstrap, "sql-tickets-intent", min_count=N, timeout_s=300, quiet_s=3)}
     assert sorted(docs) == sorted(f"t{i}" for i in range(N))
     classifier = OnnxClassifierHandler(model_dir=tmp_path / "models" / "intent", top_k=3)
     probabilities = classifier.run_inference(texts, classifier.load_model())
@@ -75,6 +80,6 @@ def test_three_named_models_in_one_sql_job_from_the_registry(stack, tmp_path):
         np.testing.assert_allclose(doc["head_probabilities"], p, atol=1e-4)
         assert (doc["model_sha256"], doc["head_model_sha256"]) == (classifier.model_version(), head_version)
     assert len({d["label"] for d in docs.values()}) > 10
-    letters = [json.loads(m.value()) for m in read_topic(bootstrap, "tickets-intent.dlq", min_count=1,
+    letters = [json.loads(m.value()) for m in read_topic(bootstrap, "sql-tickets-intent.dlq", min_count=1,
                                                           timeout_s=30, quiet_s=2)]
     assert [(d["id"], d["reason"]) for d in letters] == [("no-text", "missing_text")]
