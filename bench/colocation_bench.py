@@ -1,0 +1,320 @@
+"""Where the job's time goes beside the plain loop: co-location cost and latency, one run.
+
+Not a test. Issue 24's diagnosis bench, side by side in one run on one machine
+(CPU model printed):
+
+- **plain alone**: ``OnnxSentimentModel.predict`` over the texts with the
+  machine to itself (no broker, no JVM), before and after everything else;
+  the judged baseline is their mean, and both are printed;
+- **job variants**: ``jobs/review_sentiment.py`` (STREAMING, exactly-once)
+  over the same preloaded texts, each beside the bench broker: the defaults;
+  ``--onnx-spin-wait false``; and spin-wait off with every JVM on the machine
+  (Flink's MiniCluster and the broker) reniced to +10, so the ONNX Runtime
+  intra-op threads preempt them (the straggler hypothesis: a parallel op waits
+  for its slowest thread, and a runnable JVM thread delays one of the two);
+- **per-thread CPU** over each job's steady phase (first to last output),
+  grouped by process role (broker JVM, Flink JVM, Python worker, job client,
+  bench) and thread name, as CPU-ms per record, beside the plain loop's own
+  CPU-ms per record (``time.process_time``);
+- **latency** (``--latency``): a trickle (1 record/s) and 30 % of the default
+  job's throughput, with ``--latency-slo-ms``, and the same with Flink's
+  ``execution.buffer-timeout.interval`` set to 5 ms through a config.yaml of
+  the bench's own (``FLINK_CONF_DIR``), so its share of the end-to-end time is
+  read off side by side.
+
+Thread names come from ``/proc/<pid>/task/<tid>/comm`` (psutil gives thread
+CPU times, not names). Run::
+
+    .venv/bin/python bench/colocation_bench.py [--reviews 4000] [--latency] [--out bench/colocation.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import _report
+import psutil
+from _job_runner import JobSettings
+from _kafka_streaming import _run_preloaded, latency_run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _role(proc: psutil.Process) -> str:
+    try:
+        cmd = " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "gone"
+    if "java" in cmd and "kafka" in cmd.lower() and "flink" not in cmd.lower():
+        return "broker JVM"
+    if "java" in cmd:
+        return "Flink JVM"
+    with contextlib.suppress(psutil.Error):
+        parent = proc.parent()
+        if "python" in cmd and parent is not None and parent.name() == "java":
+            return "Python worker"  # started by the TaskManager (MiniCluster: the job client's JVM)
+    if "review_sentiment.py" in cmd:
+        return "job client + Python worker"  # a local (MiniCluster) job runs its UDFs in loopback mode
+    if proc.pid == os.getpid():
+        return "bench"
+    return "other"
+
+
+def _thread_name(pid: int, tid: int) -> str:
+    try:
+        name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+    return re.sub(r"[-_ ]?\d+$", "", name) or name  # "C2 CompilerThre0" -> one group per kind
+
+
+def cpu_snapshot() -> dict[tuple[str, str], float]:
+    """CPU seconds (user + system) per (process role, thread name), all processes."""
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for proc in psutil.process_iter():
+        try:
+            role = _role(proc)
+            for t in proc.threads():
+                out[(role, _thread_name(proc.pid, t.id))] += t.user_time + t.system_time
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+class Sampler:
+    """Snapshots every ``period_s`` in a thread; :meth:`between` diffs the two nearest a window."""
+
+    def __init__(self, period_s: float = 1.0) -> None:
+        self.period_s = period_s
+        self.samples: list[tuple[float, dict[tuple[str, str], float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), cpu_snapshot()))
+            self._stop.wait(self.period_s)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, start_s: float, end_s: float) -> tuple[float, dict[tuple[str, str], float]]:
+        """Wall seconds and CPU seconds per key between the first sample at or after ``start_s``
+        and the last at or before ``end_s``."""
+        inside = [s for s in self.samples if start_s <= s[0] <= end_s]
+        if len(inside) < 2:
+            return 0.0, {}
+        (t0, a), (t1, b) = inside[0], inside[-1]
+        return t1 - t0, {k: b[k] - a.get(k, 0.0) for k in b if b[k] - a.get(k, 0.0) > 0.005}
+
+
+def plain_alone(assets: Any, texts: list[str], threads: int, batch_size: int) -> dict[str, float]:
+    """The plain loop with the machine to itself; wall and CPU time per record."""
+    from pyflink_aisp.inference.handlers import OnnxSentimentModel
+
+    model = OnnxSentimentModel(assets, intra_op_num_threads=threads, batch_size=batch_size)
+    model.predict(texts[:64])
+    wall, cpu = time.perf_counter(), time.process_time()
+    model.predict(texts)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"records_per_s": len(texts) / wall, "cpu_ms_per_record": 1000 * cpu / len(texts),
+            "cores_busy": cpu / wall}
+
+
+@contextlib.contextmanager
+def reniced_jvms(nice: int) -> Iterator[None]:
+    """Renice every java process (now and appearing while inside) to ``nice``."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            for p in psutil.process_iter(["name"]):
+                with contextlib.suppress(psutil.Error):
+                    if p.info["name"] == "java" and p.nice() != nice:
+                        p.nice(nice)
+                        for t in p.threads():  # Linux: niceness is per thread
+                            with contextlib.suppress(OSError):
+                                os.setpriority(os.PRIO_PROCESS, t.id, nice)
+            stop.wait(0.5)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def job_run(bootstrap: str, texts: list[str], settings: JobSettings, log_dir: Path, tag: str,
+            renice: int | None = None) -> dict[str, Any]:
+    """One preloaded job run under the sampler: throughput over the steady phase and CPU per record."""
+    with Sampler() as sampler, (reniced_jvms(renice) if renice is not None else contextlib.nullcontext()):
+        out, started_ms, _ = _run_preloaded(bootstrap, texts, settings, log_dir, tag)
+    first, last = min(out.values()) / 1000, max(out.values()) / 1000
+    # the steady phase: from a tenth of the outputs to the last (start-up and the first bundle left out)
+    stamps = sorted(out.values())
+    steady_from = stamps[len(stamps) // 10] / 1000
+    n_steady = len(stamps) - len(stamps) // 10
+    wall, cpu = sampler.between(steady_from, last)
+    by_role: dict[str, float] = defaultdict(float)
+    for (role, _), sec in cpu.items():
+        by_role[role] += sec
+    rate = n_steady / (last - steady_from) if last > steady_from else 0.0
+    records = rate * wall if wall else 0.0
+    top = sorted(cpu.items(), key=lambda kv: -kv[1])[:14]
+    per_role = {r: 1000 * s / records for r, s in by_role.items()} if records else {}
+    per_thread = [[r, t, 1000 * s / records] for (r, t), s in top] if records else []
+    return {"records_per_s_steady": rate, "outputs": len(out),
+            "records_per_s_first_to_last": (len(out) - 1) / (last - first) if last > first else 0.0,
+            "first_output_s": first - started_ms / 1000,
+            "window_s": wall, "cores_busy": sum(cpu.values()) / wall if wall else 0.0,
+            "cpu_ms_per_record_by_role": per_role, "top_threads_ms_per_record": per_thread}
+
+
+def conf_dir_with(settings: dict[str, str]) -> Path:
+    """A FLINK_CONF_DIR: PyFlink's own conf/ plus ``settings`` appended to its config.yaml."""
+    import pyflink
+
+    src = Path(pyflink.__file__).parent / "conf"
+    dst = Path(tempfile.mkdtemp(prefix="aisp-bench-conf-"))
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    with (dst / "config.yaml").open("a") as f:
+        for k, v in settings.items():
+            f.write(f"\n{k}: {v}\n")
+    return dst
+
+
+#: --variants: name -> (label, job flags, niceness of every JVM or None).
+VARIANTS: dict[str, tuple[str, tuple[str, ...], int | None]] = {
+    "default": ("default", (), None),
+    "spin-off": ("spin-wait off", ("--onnx-spin-wait", "false"), None),
+    "spin-off-nice": ("spin-wait off, JVMs nice +10", ("--onnx-spin-wait", "false"), 10),
+    "nice": ("default, JVMs nice +10", (), 10),
+}
+
+
+def _by_variant(res: dict[str, Any]) -> dict[str, list[float]]:
+    base = (res["plain_before"]["records_per_s"] + res["plain_after"]["records_per_s"]) / 2
+    out: dict[str, list[float]] = defaultdict(list)
+    for name, r in res["jobs"].items():
+        if "records_per_s_steady" in r:
+            out[name.rsplit(" #", 1)[0]].append(round(r["records_per_s_steady"] / base, 3))
+    return dict(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reviews", type=int, default=4000)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--latency", action="store_true", help="also the latency runs")
+    p.add_argument("--variants", default="default,spin-off,spin-off-nice,nice",
+                   help=f"job runs in this order, comma-separated, repeats allowed: {','.join(VARIANTS)}")
+    p.add_argument("--slo-ms", type=float, default=100.0)
+    p.add_argument("--latency-cases", default="0,1,2,3,4,5,6",
+                   help="which latency cases (indexes into the list in main)")
+    p.add_argument("--load-seconds", type=float, default=30.0)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "colocation_results.json")
+    a = p.parse_args()
+
+    from _kafka_load import bench_broker
+
+    from pyflink_aisp.datasets import load_rotten_tomatoes
+    from pyflink_aisp.models import ensure_model_assets
+
+    assets = ensure_model_assets()
+    texts = [r.text for r in load_rotten_tomatoes()][: a.reviews]
+    res: dict[str, Any] = {"machine": _report.machine(), "reviews": len(texts), "threads": a.threads,
+                           "plain_batch_size": a.batch_size, "jobs": {}, "latency": {}}
+    print(json.dumps(res["machine"]), flush=True)
+
+    def save() -> None:
+        a.out.write_text(json.dumps(res, indent=1))
+
+    res["plain_before"] = plain_alone(assets, texts, a.threads, a.batch_size)
+    print(f"[plain alone] {res['plain_before']}", flush=True)
+    save()
+    log_dir = Path(tempfile.mkdtemp(prefix="aisp-coloc-logs-"))
+    with bench_broker() as bootstrap:
+        def settings(*extra: str, slo: float | None = None) -> JobSettings:
+            return JobSettings(bootstrap=bootstrap, model_dir=assets.directory, intra_op_threads=a.threads,
+                               checkpoint_interval_ms=5000, latency_slo_ms=slo, extra=tuple(extra))
+
+        time.sleep(3)
+        with Sampler() as idle:
+            time.sleep(6)
+        w, cpu = idle.between(0, time.time())
+        res["idle_broker_cores"] = sum(cpu.values()) / w if w else 0.0
+        variants = [VARIANTS[v] for v in a.variants.split(",")]
+        for name, extra, renice in variants:
+            name = f"{name} #{sum(k.rsplit(' #', 1)[0] == name for k in res['jobs']) + 1}"
+            print(f"[job {name}] ...", flush=True)
+            try:
+                r = job_run(bootstrap, texts, settings(*extra), log_dir, f"co-{len(res['jobs'])}", renice)
+            except Exception as exc:  # report and go on
+                r = {"error": f"{type(exc).__name__}: {exc}"}
+            res["jobs"][name] = r
+            print(f"[job {name}] {json.dumps(r)[:600]}", flush=True)
+            save()
+        if a.latency:
+            rates = [r["records_per_s_steady"] for r in res["jobs"].values() if "records_per_s_steady" in r]
+            base = rates[0] if rates else 200.0
+            conf = str(conf_dir_with({"execution.buffer-timeout.interval": "5 ms"}))
+            slo = a.slo_ms
+            cases: list[tuple[str, float, float | None, tuple[str, ...], str | None]] = [
+                (f"trickle 1/s, SLO {slo:g}", 1.0, slo, (), None),
+                (f"trickle 1/s, SLO {slo:g}, buffer-timeout 5 ms", 1.0, slo, (), conf),
+                (f"30 %, SLO {slo:g}", 0.3 * base, slo, (), None),
+                (f"30 %, SLO {slo:g}, buffer-timeout 5 ms", 0.3 * base, slo, (), conf),
+                (f"30 %, SLO {slo:g}, spin-wait on", 0.3 * base, slo, ("--onnx-spin-wait", "true"), None),
+                (f"30 %, SLO {slo:g}, bundle 20 ms", 0.3 * base, slo, ("--bundle-time-ms", "20"), None),
+                ("30 %, no SLO (bundle 50 ms, spin-wait on)", 0.3 * base, None, (), None)]
+            chosen = [c for i, c in enumerate(cases) if str(i) in a.latency_cases.split(",")]
+            for key, rate, case_slo, extra, env in chosen:
+                if env:
+                    os.environ["FLINK_CONF_DIR"] = env
+                else:
+                    os.environ.pop("FLINK_CONF_DIR", None)
+                try:
+                    r = latency_run(bootstrap, texts, settings(*extra, slo=case_slo), rate_per_s=rate,
+                                    seconds=a.load_seconds, warmup_s=5.0, log_dir=log_dir,
+                                    tag=f"co-{len(res['latency'])}")
+                    r.pop("latencies_ms", None)
+                except Exception as exc:  # report and go on
+                    r = {"error": f"{type(exc).__name__}: {exc}"}
+                res["latency"][key] = r
+                print(f"[latency {key}] {r}", flush=True)
+                save()
+            os.environ.pop("FLINK_CONF_DIR", None)
+    res["plain_after"] = plain_alone(assets, texts, a.threads, a.batch_size)
+    print(f"[plain alone, after] {res['plain_after']}", flush=True)
+    res["ratios_to_plain_alone_by_variant"] = _by_variant(res)
+    base = (res["plain_before"]["records_per_s"] + res["plain_after"]["records_per_s"]) / 2
+    for r in res["jobs"].values():
+        if "records_per_s_steady" in r:
+            r["ratio_to_plain_alone"] = r["records_per_s_steady"] / base
+    save()
+    print(json.dumps({k: v.get("ratio_to_plain_alone") for k, v in res["jobs"].items()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
