@@ -172,6 +172,8 @@ class KafkaSinkTable:
         transactional_id_prefix: Unique per job and sink; required for exactly-once.
         transaction_timeout_ms: Kafka producer ``transaction.timeout.ms``.
         max_request_size: Kafka producer ``max.request.size`` in bytes (Kafka's default 1 MiB).
+        linger_ms: Kafka producer ``linger.ms`` in ms; None: the client's default (5 ms in
+            kafka-clients 4.x, KIP-1030).
         with_headers: Add a writable ``headers MAP<STRING, BYTES>`` column (the
             connector's ``headers`` metadata): the job writes each output's lineage
             there (:data:`SOURCE_HEADER`).
@@ -185,9 +187,12 @@ class KafkaSinkTable:
     transaction_timeout_ms: int = 600_000
     max_request_size: int = 1_048_576
     with_headers: bool = False
+    linger_ms: int | None = None
 
     def __post_init__(self) -> None:
         _check(self.name, self.topic, self.bootstrap_servers)
+        if self.linger_ms is not None and self.linger_ms < 0:
+            raise ConfigError(f"linger_ms must be >= 0, got {self.linger_ms}")
         if self.max_request_size < 1:
             raise ConfigError(f"max_request_size must be >= 1 byte, got {self.max_request_size}")
         if self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
@@ -213,6 +218,8 @@ class KafkaSinkTable:
         }
         if self.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE:
             options["sink.transactional-id-prefix"] = self.transactional_id_prefix
+        if self.linger_ms is not None:
+            options["properties.linger.ms"] = str(self.linger_ms)
         return (
             f"CREATE TEMPORARY TABLE `{self.name}` (\n"
             "  `key` STRING,\n"

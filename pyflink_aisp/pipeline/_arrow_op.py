@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import time
 from itertools import repeat
+from pathlib import Path
 from typing import Any
 
 from pyflink.table import DataTypes
@@ -52,6 +53,7 @@ from pyflink_aisp.outcome import (
     render_dead_letter,
 )
 from pyflink_aisp.pipeline._shell import LeaseOpener, OperatorShell, WorkerSpec
+from pyflink_aisp.pipeline._trace import LatencyTrace
 from pyflink_aisp.pipeline._watch import DeadLetterWatchConfig
 
 __all__ = ["SCORED_ROW_TYPE", "ArrowInferenceFunction", "arrow_inference_udf"]
@@ -86,6 +88,8 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
             (:func:`~pyflink_aisp.affinity.open_affinity`); None: none.
         dead_letters: When the dead-letter watch warns or fails the job (None: its defaults).
         mapping: Where each record's text and id are, and the fields its output keeps.
+        latency_trace: Directory of the per-Arrow-batch latency trace
+            (:mod:`~pyflink_aisp.pipeline._trace`); None: no trace.
         open_lease: Takes the lease (inject a fake in unit tests).
 
     Raises:
@@ -98,7 +102,7 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
                  breaker: BreakerConfig | None = None, affinity: AffinitySettings | None = None,
                  dead_letters: DeadLetterWatchConfig | None = None,
-                 mapping: FieldMapping = DEFAULT_MAPPING,
+                 mapping: FieldMapping = DEFAULT_MAPPING, latency_trace: Path | None = None,
                  open_lease: LeaseOpener = open_affinity) -> None:
         if max_record_bytes < MIN_RECORD_BYTES:
             raise ConfigError(f"max_record_bytes must be >= {MIN_RECORD_BYTES}, got {max_record_bytes}")
@@ -109,6 +113,7 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         spec = WorkerSpec.of(handler, batching=batching, swap=swap, breaker=breaker, affinity=affinity,
                              dead_letters=dead_letters)
         self._shell = OperatorShell(spec, counters=_COUNTERS, windows=_WINDOWS, open_lease=open_lease)
+        self._trace = LatencyTrace(latency_trace) if latency_trace is not None else None
 
     def open(self, function_context: FunctionContext) -> None:
         """Take the lease, acquire the worker's model and register the metrics.
@@ -116,8 +121,11 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         Raises:
             ModelError: The model cannot be loaded.
             AffinityError: ``affinity`` is set and no lease could be taken or applied.
+            OSError: The latency trace's file cannot be opened.
         """
         self._shell.open(function_context)
+        if self._trace is not None:
+            self._trace.open(function_context.get_index_of_this_subtask())
 
     def eval(self, frame: Any) -> Any:
         """``(n, 4)`` DataFrame ``value, topic, partition, offset`` (``(n, 5)`` with ``key`` last
@@ -136,7 +144,7 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         import pandas as pd
 
         runtime = self._shell.require("ArrowInferenceFunction.eval")
-        start = time.perf_counter()
+        start, wall_ms = time.perf_counter(), time.time() * 1000.0
         raw = frame.iloc[:, 0].tolist()
         topics = frame.iloc[:, 1].tolist()
         partitions = list(map(_coordinate, frame.iloc[:, 2].tolist()))
@@ -165,6 +173,10 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
                 failed, last_error = failed + 1, error
         end = time.perf_counter()
         self._record(len(decoded), len(decoded) - sum(dead), start, decoded_s, inferred_s, end)
+        if self._trace is not None:
+            self._trace.write(wall_ms, wall_ms + (decoded_s - start) * 1000.0,
+                              wall_ms + (inferred_s - start) * 1000.0, wall_ms + (end - start) * 1000.0,
+                              [d.id for d in decoded if isinstance(d, DecodedRecord)])
         self._shell.judge_many(failed, len(good), last_error)
         self._shell.watch_outcomes(len(decoded), letters)
         sources = [f"{t}/{p}/{o}" for t, p, o in zip(topics, partitions, offsets, strict=True)]
@@ -199,8 +211,11 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         windows["endToEndUs"].add((end - start) * 1e6)
 
     def close(self) -> None:
-        """Release the worker's model (freed when its last user closes), then the affinity lease."""
+        """Release the worker's model (freed when its last user closes), then the affinity lease,
+        and close the latency trace."""
         self._shell.close()
+        if self._trace is not None:
+            self._trace.close()
 
 
 def _coordinate(value: Any) -> int:

@@ -199,7 +199,8 @@ def pipeline_statements(
         sink = KafkaSinkTable(name=name, topic=topic, bootstrap_servers=servers,
                               transactional_id_prefix=f"{prefix}-{kind}",
                               max_request_size=options.max_request_size, with_headers=True,
-                              transaction_timeout_ms=options.transaction_timeout_ms)
+                              transaction_timeout_ms=options.transaction_timeout_ms,
+                              linger_ms=options.sink_linger_ms)
         t_env.execute_sql(sink.ddl())
         lineage = map_(lit(SOURCE_HEADER), col("source").cast(DataTypes.BYTES()),
                        lit(JOB_HEADER), lit(options.name).cast(DataTypes.BYTES()))
@@ -228,7 +229,8 @@ def _scored_table(
                                           max_record_bytes=max_record_bytes, breaker=options.breaker(),
                                           affinity=options.affinity(),
                                           dead_letters=options.dead_letter_watch(),
-                                          mapping=options.field_mapping())
+                                          mapping=options.field_mapping(),
+                                          latency_trace=options.latency_trace_dir)
         return raw.map(arrow_inference_udf(function)).alias("key", "value", "dead", "source")
     mapping = options.field_mapping()
     check_kept_names(mapping.kept_names, task)

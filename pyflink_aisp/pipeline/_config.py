@@ -116,8 +116,9 @@ class InferenceOptions:
         'model batch holds one bucket.',
         unit='tokens', job_param='aisp.batch.length-buckets', nullable=True, minimum=1)
     latency_slo_ms: float | None = opt(None, B, 'p99 target of the inference operator: shorter bundles (SLO '
-        "/ 30) and no ORT spin-wait; the async operator's batch size and wait are tuned online within their "
-        'maxima.', unit='ms', job_param='aisp.latency-slo-ms', nullable=True, minimum=0.001)
+        "/ 30) and no ORT spin-wait; the async operator's batch size and wait are tuned online within "
+        'their maxima.', unit='ms',
+        job_param='aisp.latency-slo-ms', nullable=True, minimum=0.001)
     max_failure_rate: float | None = opt(0.5, M, 'Circuit breaker: fail the job (Flink restarts it from the '
         'last checkpoint) when this share of the last --failure-window inferences failed (none: never; '
         'decode dead letters do not count).',
@@ -189,6 +190,10 @@ class InferenceOptions:
     bundle_time_ms: int | None = opt(None, W, 'python.fn-execution.bundle.time: longest a result waits in '
         'the Python worker (default 50, or --latency-slo-ms / 30 within [5, 50]).',
         unit='ms', nullable=True, minimum=1)
+    buffer_timeout_ms: int | None = opt(None, W, 'execution.buffer-timeout.interval: longest a record waits '
+        "in a network buffer between operators that are not chained (default Flink's 100; not derived "
+        'from --latency-slo-ms, see docs/decisions/0007-latency-settings.md).', unit='ms', nullable=True,
+        minimum=0)
 
     def __post_init__(self) -> None:
         _coerce(self)
@@ -435,6 +440,9 @@ class PipelineOptions(InferenceOptions):
         "would not fit in it or in the topic's max.message.bytes (less 1 KiB of record overhead) goes to "
         'the DLQ as oversized_output (at most buffer.memory, 32 MiB, counts).',
         unit='bytes', minimum=33 * 1024)
+    sink_linger_ms: int | None = opt(None, J, "The sinks' producer linger.ms: longest a record waits for "
+        "companions in the producer (default the client's 5).",
+        unit='ms', nullable=True, minimum=0)
     restart_strategy: RestartStrategy = opt(RestartStrategy.EXPONENTIAL_DELAY, J, 'Flink restart strategy: '
         'exponential-delay (the wait starts at --restart-delay-s and doubles on each failure up to '
         '--restart-max-delay-s, so the restarts that find no TaskManager while one is replaced are few) or '
@@ -462,6 +470,10 @@ class PipelineOptions(InferenceOptions):
         'names the top reason and the likely fix; an attached flink run cancels the job then. Above 0.5 '
         '(or this share, if lower) that line is logged as a warning either way (none: never fail).',
         nullable=True, minimum=0.0)
+    latency_trace_dir: Path | None = opt(None, J, 'arrow operator: directory where each Python worker '
+        'appends one JSON line per Arrow batch (wall-clock times at entry, after decode, after inference, '
+        'at return, and the ids) to split end-to-end latency by stage (bench/latency_bench.py).',
+        nullable=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -52,6 +52,9 @@ def flink_settings(options: InferenceOptions) -> dict[str, str]:
       during compute; ``timeout`` 10 min (a slow model backpressures instead of
       failing the job); ``retry-strategy`` ``NO_RETRY`` (the function never raises
       for a row);
+    * ``execution.buffer-timeout.interval`` =
+      ``buffer_timeout_ms`` where it is set (else Flink's 100 ms stays; not derived
+      from the latency target: decision record 7, ``docs/decisions/0007-latency-settings.md``);
     * ``execution.checkpointing.timeout`` = ``checkpoint_timeout_ms``;
     * ``restart-strategy.*``: :func:`restart_settings`, a bounded number of restarts
       (Flink's default with checkpoints restarts without end, so a record that fails
@@ -61,8 +64,10 @@ def flink_settings(options: InferenceOptions) -> dict[str, str]:
         Flink configuration key → value (``t_env.get_config().set`` or SQL ``SET``).
     """
     job = options if isinstance(options, PipelineOptions) else None
+    buffer_timeout = options.buffer_timeout_ms
     return {**restart_settings(job),
         "execution.checkpointing.timeout": f"{_job_value(job, 'checkpoint_timeout_ms')} ms",
+        **({} if buffer_timeout is None else {"execution.buffer-timeout.interval": f"{buffer_timeout} ms"}),
         **worker_settings(options)}
 
 

@@ -40,6 +40,13 @@ def test_sink_defaults_to_exactly_once_with_prefix_and_timeout():
     assert "'sink.delivery-guarantee' = 'exactly-once'" in ddl
     assert "'sink.transactional-id-prefix' = 'p'" in ddl
     assert "'properties.transaction.timeout.ms' = '600000'" in ddl
+    assert "linger.ms" not in ddl  # the client's default unless asked
+
+
+def test_sink_linger_is_passed_to_the_producer():
+    ddl = KafkaSinkTable(name="o", topic="out", bootstrap_servers="h:1", transactional_id_prefix="p",
+                         linger_ms=0).ddl()
+    assert "'properties.linger.ms' = '0'" in ddl
 
 
 def test_option_values_are_quoted():
@@ -54,7 +61,8 @@ def test_option_values_are_quoted():
         {"topic": "bad topic!"},
         {"bootstrap_servers": ""},
         {"transactional_id_prefix": ""},
-        {"transaction_timeout_ms": 2**31},  # over a Java int (the brokers bound it further, checked at start)
+        {"transaction_timeout_ms": 2**31},
+        {"linger_ms": -1},  # over a Java int (the brokers bound it further, checked at start)
     ],
 )
 def test_sink_rejects_bad_config(kwargs):

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import pickle
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -87,6 +90,9 @@ class Context:
 
     def get_metric_group(self) -> Group:
         return self.group
+
+    def get_index_of_this_subtask(self) -> int:
+        return 3
 
 
 class Lease:
@@ -316,3 +322,31 @@ def test_a_mapped_record_keeps_its_fields_after_the_id_and_a_clash_with_the_task
     assert detail == "no value at /body; the object's fields: 'review_id', 'text'"
     with pytest.raises(ConfigError, match=r"kept fields \['chars'\] would overwrite the task's output"):
         ArrowInferenceFunction(EchoHandler(), batching=BATCHING, mapping=FieldMapping(keep=("/meta/chars",)))
+
+
+def test_the_latency_trace_writes_one_line_per_arrow_batch_with_ordered_times_and_the_scored_ids(
+        opener, tmp_path: Path) -> None:
+    trace_dir = tmp_path / "trace"
+    function = ArrowInferenceFunction(EchoHandler(), batching=BATCHING, open_lease=opener,
+                                      latency_trace=trace_dir)
+    function = pickle.loads(pickle.dumps(function))  # as the job graph ships it: no file yet
+    assert not trace_dir.exists()
+    before_ms = time.time() * 1000.0
+    function.open(Context())
+    try:
+        function.eval(_frame([_record("a", "hello"), b"{not json", _record("b", "world")]))
+        function.eval(_frame([_record("c", "again")]))
+    finally:
+        function.close()
+    after_ms = time.time() * 1000.0
+    files = list(trace_dir.iterdir())
+    assert [f.name for f in files] == [f"aisp-latency-{os.getpid()}-3.jsonl"]
+    lines = [json.loads(line) for line in files[0].read_text().splitlines()]
+    assert [line["ids"] for line in lines] == [["a", "b"], ["c"]]
+    for line in lines:
+        times = [line["enter_ms"], line["decoded_ms"], line["inferred_ms"], line["exit_ms"]]
+        assert before_ms <= times[0] and times == sorted(times) and times[-1] <= after_ms
+    assert lines[0]["exit_ms"] <= lines[1]["enter_ms"]
+    # closed: a late write is a no-op, the file keeps its two lines
+    function._trace.write(1.0, 2.0, 3.0, 4.0, ["late"])
+    assert len(files[0].read_text().splitlines()) == 2

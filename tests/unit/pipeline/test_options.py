@@ -583,6 +583,19 @@ def test_default_bundle_time(slo: float | None, expected: int) -> None:
     assert default_bundle_time_ms(slo) == expected
 
 
+@pytest.mark.parametrize(("flags", "timeout", "linger"), [
+    ([], None, None),                                             # Flink's 100 ms, the client's 5 ms
+    (["--latency-slo-ms", "100"], None, None),                    # measured no better: not derived
+    (["--buffer-timeout-ms", "5", "--sink-linger-ms", "0"], "5 ms", 0),
+    (["--buffer-timeout-ms", "0"], "0 ms", None),                 # 0: flush after every record
+])
+def test_buffer_timeout_and_sink_linger_are_set_only_when_asked(
+        flags: list[str], timeout: str | None, linger: int | None) -> None:
+    options = PipelineOptions.from_args([*BASE, *flags])
+    assert flink_settings(options).get("execution.buffer-timeout.interval") == timeout
+    assert options.sink_linger_ms == linger
+
+
 def test_an_infinite_latency_target_is_refused_before_the_settings() -> None:
     with pytest.raises(ConfigError, match="latency_slo_ms must be a finite number"):
         InferenceOptions(latency_slo_ms=math.inf)
