@@ -1,0 +1,239 @@
+"""Kafka-in to Kafka-out latency of the streaming job, split by stage, in one run.
+
+Each case starts the job (``jobs/review_sentiment.py``, streaming, Arrow operator,
+exactly-once) on the bench broker with ``--latency-trace-dir``, writes labelled reviews at a
+fixed rate, and joins per record, by id:
+
+* the input record's broker time (``LogAppendTime``, ms);
+* the Arrow operator's trace line of the batch that held it (``pyflink_aisp.pipeline._trace``):
+  wall-clock entry, after decode, after inference, at return;
+* the output record's broker time, read with ``isolation.level = read_uncommitted``
+  (exactly-once output is visible on append, before its transaction commits).
+
+Stages: **kafka → worker** (source fetch, the JVM's Arrow batch forming, the hop to the Python
+worker), **decode**, **inference** (batcher queue and model), **render**, **worker → kafka**
+(waiting for the bundle end, the hop back, the sink and its producer, the broker append).
+Each stage's p50 / p99 over the measured records (after a warm-up) and the totals go to
+``--out`` (JSON) and to stdout as a markdown table.
+
+Cases (``--cases``, comma-separated names): ``trickle`` (1 record/s), ``load`` (``--rate``
+records/s, by default ``--load-share`` (30 %) of the plain ONNX Runtime loop's rate measured first,
+with the machine to itself), and their
+variants with ``-lowbuf`` (``--buffer-timeout-ms 5 --sink-linger-ms 0``, against Flink's 100 ms
+and the Kafka client's 5 ms), ``-b20``
+(``--bundle-time-ms 20``), ``-b1`` (``--bundle-time-ms 1``), ``-spin`` (``--onnx-spin-wait true``) or
+``-ct`` (the output topic keeps the sink producer's ``CreateTime``: the last stage then ends at
+the sink's ``send()``, and the difference to the plain case is the producer and the broker).
+
+Usage::
+
+    .venv/bin/python bench/latency_bench.py [--cases trickle,load] [--rate 60] [--slo-ms 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _report
+import numpy as np
+from _job_runner import JobSettings, StreamingJob, command_line
+from _kafka_load import bench_broker, collect_stamps, create_stamped_topics, produce_all, produce_at_rate
+from _kafka_streaming import READY_RECORDS, STARTUP_TIMEOUT_S, _collect, _topics
+
+from pyflink_aisp.kafka import create_topics
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "": (), "lowbuf": ("--buffer-timeout-ms", "5", "--sink-linger-ms", "0"),
+    "b20": ("--bundle-time-ms", "20"), "b1": ("--bundle-time-ms", "1"), "spin": ("--onnx-spin-wait", "true"),
+    "ct": ()}
+STAGES = ("kafka_to_worker", "decode", "inference", "render", "worker_to_kafka", "total")
+
+
+def read_trace(directory: Path) -> dict[str, dict[str, float]]:
+    """Id → the trace line of the batch that held it (``batch`` = its size)."""
+    by_id: dict[str, dict[str, float]] = {}
+    for path in directory.glob("aisp-latency-*.jsonl"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            ids = row.pop("ids")
+            for i in ids:
+                by_id.setdefault(i, {**row, "batch": float(len(ids))})
+    return by_id
+
+
+def stages(inputs: dict[str, int], outputs: dict[str, int], trace: dict[str, dict[str, float]],
+           keys: list[str], since_ms: float) -> dict[str, np.ndarray]:
+    """Per stage, the ms of each measured key (input appended at or after ``since_ms``)."""
+    rows = [(inputs[k], trace[k], outputs[k]) for k in keys
+            if k in inputs and k in outputs and k in trace and inputs[k] >= since_ms]
+    cols: dict[str, list[float]] = {s: [] for s in (*STAGES, "batch")}
+    for t_in, t, t_out in rows:
+        cols["kafka_to_worker"].append(t["enter_ms"] - t_in)
+        cols["decode"].append(t["decoded_ms"] - t["enter_ms"])
+        cols["inference"].append(t["inferred_ms"] - t["decoded_ms"])
+        cols["render"].append(t["exit_ms"] - t["inferred_ms"])
+        cols["worker_to_kafka"].append(t_out - t["exit_ms"])
+        cols["total"].append(float(t_out - t_in))
+        cols["batch"].append(t["batch"])
+    return {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
+
+
+def run_case(bootstrap: str, texts: list[str], settings: JobSettings, *, rate: float, seconds: float,
+             warmup_s: float, log_dir: Path, tag: str, create_time: bool = False) -> dict[str, Any]:
+    """One case: the job with a trace, ``rate`` records/s for ``seconds``; the stage table.
+
+    ``create_time``: the output topic keeps the producer's ``CreateTime`` (the sink's
+    ``send()``, the Flink record carrying no timestamp), so the last stage ends at the sink's
+    send instead of the broker's append.
+    """
+    trace_dir = Path(tempfile.mkdtemp(prefix=f"aisp-lat-trace-{tag}-"))
+    settings = dataclasses.replace(settings, extra=(*settings.extra, "--latency-trace-dir", str(trace_dir)))
+    in_topic, out_topic = _topics(f"lat-{tag}")
+    create_stamped_topics(bootstrap, [in_topic] if create_time else [in_topic, out_topic])
+    if create_time:
+        create_topics(bootstrap, [out_topic], partitions=1, replication_factor=1)
+    with StreamingJob(settings, in_topic, out_topic, log_dir / f"{in_topic}.log") as job:
+        ready = [(f"ready-{i}", texts[i % len(texts)]) for i in range(READY_RECORDS)]
+        produce_all(bootstrap, in_topic, ready)
+        if len(_collect(job, bootstrap, out_topic, READY_RECORDS, STARTUP_TIMEOUT_S)) < READY_RECORDS:
+            raise RuntimeError(f"the job did not answer within {STARTUP_TIMEOUT_S:.0f} s:\n{job.log_tail()}")
+        load = produce_at_rate(bootstrap, in_topic, texts, rate_per_s=rate, seconds=seconds, key_prefix="L")
+        want = READY_RECORDS + len(load.keys)
+        outputs = _collect(job, bootstrap, out_topic, want, 60.0)
+    inputs = collect_stamps(bootstrap, in_topic, want=want, timeout_s=30.0)
+    trace = read_trace(trace_dir)
+    cols = stages(inputs, outputs, trace, load.keys, (load.start_s + warmup_s) * 1000.0)
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    n = int(cols["total"].size)
+
+    def pct(a: np.ndarray, q: float) -> float:
+        return float(np.percentile(a, q)) if a.size else float("nan")
+
+    return {"rate_per_s": load.achieved_per_s, "measured": n, "sent": len(load.keys),
+            "missing_outputs": sum(1 for k in load.keys if k not in outputs),
+            "batch_p50": pct(cols["batch"], 50),
+            "stages": {s: {"p50_ms": pct(cols[s], 50), "p99_ms": pct(cols[s], 99), "mean_ms":
+                           float(cols[s].mean()) if n else float("nan")} for s in STAGES},
+            "command": command_line(settings, (in_topic, out_topic))}
+
+
+def plain_loop(assets: Any, texts: list[str], threads: int) -> dict[str, float]:
+    """The plain ONNX Runtime loop (batches of 32, the job's default) with the machine to itself,
+    and its time per call at batch sizes 1, 4 and 8 (median ms): the model's own share of each
+    stage table's inference column."""
+    from pyflink_aisp.inference.handlers import OnnxSentimentModel
+
+    model = OnnxSentimentModel(assets, intra_op_num_threads=threads, batch_size=32)
+    model.predict(texts[:64])
+    wall = time.perf_counter()
+    model.predict(texts)
+    out: dict[str, float] = {"records_per_s": len(texts) / (time.perf_counter() - wall)}
+    for size in (1, 4, 8):
+        calls = []
+        for i in range(0, 200, size):
+            t = time.perf_counter()
+            model.predict(texts[i:i + size])
+            calls.append((time.perf_counter() - t) * 1000.0)
+        out[f"batch_{size}_ms"] = float(np.median(calls))
+    return out
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    """The markdown table: one row per case, p50 / p99 per stage (ms)."""
+    head = "| case | rate (rec/s) | records | " + " | ".join(s.replace("_", " ") for s in STAGES) + " |"
+    lines = [head, "|" + "---|" * (3 + len(STAGES))]
+    for name, r in results.items():
+        if "error" in r:
+            lines.append(f"| {name} | error: {r['error'][:80]} |")
+            continue
+        cells = [f"{r['stages'][s]['p50_ms']:.1f} / {r['stages'][s]['p99_ms']:.1f}" for s in STAGES]
+        lines.append(f"| {name} | {r['rate_per_s']:.1f} | {r['measured']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default="trickle,load")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="records/s of the load cases (0: --load-share of the plain loop's rate)")
+    p.add_argument("--load-share", type=float, default=0.3)
+    p.add_argument("--slo-ms", type=float, default=100.0, help="--latency-slo-ms of every case (0: none)")
+    p.add_argument("--trickle-seconds", type=float, default=60.0)
+    p.add_argument("--load-seconds", type=float, default=30.0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--job-args", default="", help="more job flags for every case, space-separated")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "latency_results.json")
+    p.add_argument("--report", type=Path, default=ROOT / "bench" / "LATENCY.md")
+    p.add_argument("--render", action="store_true", help="only write --report from --out's results")
+    a = p.parse_args()
+    if a.render:
+        a.report.write_text(render(json.loads(a.out.read_text())), encoding="utf-8")
+        return 0
+
+    from pyflink_aisp.datasets import load_rotten_tomatoes
+    from pyflink_aisp.models import ensure_model_assets
+
+    assets = ensure_model_assets()
+    texts = [r.text for r in load_rotten_tomatoes()]
+    res: dict[str, Any] = {"machine": _report.machine(), "slo_ms": a.slo_ms or None, "cases": {}}
+    print(json.dumps(res["machine"]), flush=True)
+    res["plain_before"] = plain_loop(assets, texts[:2000], a.threads)
+    print(f"[plain loop, machine to itself] {res['plain_before']}", flush=True)
+    load_rate = a.rate or round(a.load_share * res["plain_before"]["records_per_s"], 1)
+    res["load_rate_per_s"] = load_rate
+    log_dir = Path(tempfile.mkdtemp(prefix="aisp-lat-logs-"))
+    with bench_broker() as bootstrap:
+        for i, name in enumerate(a.cases.split(",")):
+            base, _, variant = name.partition("-")
+            rate, seconds = (1.0, a.trickle_seconds) if base == "trickle" else (load_rate, a.load_seconds)
+            extra = tuple(a.job_args.split()) + VARIANTS[variant]
+            settings = JobSettings(bootstrap=bootstrap, model_dir=assets.directory,
+                                   intra_op_threads=a.threads, checkpoint_interval_ms=5000,
+                                   latency_slo_ms=a.slo_ms or None, extra=extra)
+            print(f"[{name}] {rate:g} records/s for {seconds:g} s ...", flush=True)
+            started = time.monotonic()
+            try:
+                r = run_case(bootstrap, texts, settings, rate=rate, seconds=seconds,
+                             warmup_s=min(10.0, seconds / 3), log_dir=log_dir, tag=f"{i}-{name}",
+                             create_time=variant == "ct")
+            except Exception as exc:  # report and go on
+                r = {"error": f"{type(exc).__name__}: {exc}"}
+            r["wall_s"] = time.monotonic() - started
+            res["cases"][name] = r
+            print(f"[{name}] {json.dumps(r)[:900]}", flush=True)
+            a.out.write_text(json.dumps(res, indent=1))
+    report = render(res)
+    a.report.write_text(report, encoding="utf-8")
+    print(report)
+    return 0
+
+
+def render(res: dict[str, Any]) -> str:
+    """``bench/LATENCY.md`` of a results object (``--out``)."""
+    plain = res.get("plain_before", {})
+    slo = res.get("slo_ms")
+    return (f"# Latency by stage (`bench/latency_bench.py`)\n\nMachine: {res['machine']}.\n\n"
+              f"Plain ONNX Runtime loop first, machine to itself: {plain.get('records_per_s', 0):.1f} "
+              f"records/s at batch 32; one call of batch 1 / 4 / 8: {plain.get('batch_1_ms', 0):.1f} / "
+              f"{plain.get('batch_4_ms', 0):.1f} / {plain.get('batch_8_ms', 0):.1f} ms (median). Load "
+              f"cases at {res.get('load_rate_per_s', 0):.1f} records/s.\n\n"
+              f"`--latency-slo-ms {slo or 'none'}` in every case; 5,000 ms checkpoints, exactly-once sinks, "
+              "one partition per topic. Each cell: p50 / p99 in ms over the measured records (after "
+              "a warm-up), joined by id from the input record's broker time, the Arrow operator's "
+              "trace (`--latency-trace-dir`) and the output record's broker time.\n\n"
+              + table(res["cases"]) + "\n\nCommands:\n\n" + "".join(
+                  f"- {name}: `{r.get('command', '')}`\n" for name, r in res["cases"].items()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
