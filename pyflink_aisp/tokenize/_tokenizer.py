@@ -44,6 +44,12 @@ text: :meth:`ArrowTokenizer.encode` cuts nothing and its cost grows with the
 text (:meth:`ArrowTokenizer.count_tokens` stays bounded: it needs only the
 first window). Without ``max_length`` nothing is truncated and whole texts are
 tokenized.
+
+Text pairs (``encode(texts, pairs)``, for cross-encoders and NLI models) are one
+``encode_batch`` call over ``(text, text_pair)`` tuples: the template's pair
+form and HF's ``longest_first`` truncation, type ids copied out per token. Each
+side is cut at the hard bound only, so a pair's ids are exactly HF's in the
+cases above for one text.
 """
 
 from __future__ import annotations
@@ -88,7 +94,6 @@ MAX_CHARS_PER_TOKEN = 256
 
 #: In a reversed text: a space whose left neighbour is not whitespace.
 _SPACE_AFTER_WORD_REVERSED = re.compile(r" (?=\S)")
-
 _IDS = operator.attrgetter("ids")
 _TYPE_IDS = operator.attrgetter("type_ids")
 
@@ -217,13 +222,20 @@ class ArrowTokenizer:
         encodings, _ = self._run([text], whole=False)
         return len(encodings[0].ids)
 
-    def encode(self, texts: TextInput) -> TokenizedBatch:
+    def encode(self, texts: TextInput, pairs: TextInput | None = None) -> TokenizedBatch:
         """Tokenize a column into ragged Arrow ``list<int32>`` columns.
 
         Args:
             texts: pyarrow ``string``/``large_string``/``binary``/
                 ``large_binary`` array or chunked array, pandas Series, or a
                 sequence of ``str``/``bytes``/None. Nulls give null rows.
+            pairs: The second text of each row, for pair models (cross-encoders, NLI): a
+                column of the same kinds and length. Row ``i`` is then the pair
+                ``(texts[i], pairs[i])`` as HF's ``tokenizer(text, text_pair)`` encodes it
+                (the template's pair form, type ids 1 on the second sequence,
+                ``longest_first`` truncation); a row null in either column is null.
+                Each text is cut at the hard bound only (no precut), and overflow
+                windows are not built for pairs.
 
         Returns:
             The :class:`TokenizedBatch`; an empty string gives only the special
@@ -235,12 +247,71 @@ class ArrowTokenizer:
         Raises:
             TokenizeError: A non-text column or element, invalid UTF-8 (with
                 :attr:`InvalidTextPolicy.RAISE`; the message names the row),
-                or a failure inside the tokenizer.
+                or a failure inside the tokenizer; with ``pairs``: columns of two lengths,
+                or ``return_overflowing`` configured.
         """
         column = to_text_column(texts, self.config.invalid_text)
+        if pairs is not None:
+            return self._encode_pairs(column, to_text_column(pairs, self.config.invalid_text))
         encodings, hard_cut = self._run(column.texts)
         windows, counts = self._windows(encodings)
-        return self._assemble(column, windows, counts, hard_cut)
+        return self._assemble(column, windows, counts, hard_cut, self.spec.type_id_constant)
+
+    def count_pair_tokens(self, text: str, text_pair: str) -> int:
+        """Token count of one text pair after ``longest_first`` truncation, special tokens
+        included (the row :meth:`encode` gives for it with ``pairs``).
+
+        Raises:
+            TokenizeError: Either is not a ``str``, overflow windows are configured, or the
+                tokenizer failed.
+        """
+        if not isinstance(text, str) or not isinstance(text_pair, str):
+            raise TokenizeError(f"expected a pair of str, got ({type(text).__name__}, "
+                                f"{type(text_pair).__name__})")
+        encodings, _ = self._run_pairs([text], [text_pair])
+        return len(encodings[0].ids)
+
+    def _encode_pairs(self, column: TextColumn, second: TextColumn) -> TokenizedBatch:
+        """:meth:`encode` of ``(column[i], second[i])`` pairs: a row null or invalid in either
+        column is a null row; type ids are copied (the second sequence's differ)."""
+        if second.num_rows != column.num_rows:
+            raise TokenizeError(f"text pairs need two columns of one length, got {column.num_rows} "
+                                f"texts and {second.num_rows} second texts")
+        both = np.intersect1d(column.rows, second.rows, assume_unique=True)
+        firsts = [column.texts[i] for i in np.searchsorted(column.rows, both).tolist()]
+        seconds = [second.texts[i] for i in np.searchsorted(second.rows, both).tolist()]
+        merged = TextColumn(texts=firsts, rows=both, num_rows=column.num_rows,
+                            invalid_rows=np.union1d(column.invalid_rows, second.invalid_rows))
+        encodings, hard_cut = self._run_pairs(firsts, seconds)
+        return self._assemble(merged, encodings, np.ones(len(encodings), dtype=np.int64), hard_cut, None)
+
+    def _run_pairs(self, firsts: list[str], seconds: list[str]) -> tuple[list[HFEncoding], list[int]]:
+        """Encodings of text pairs (``longest_first`` truncation), and the positions of the pairs
+        of which a text was cut at the hard bound (as :meth:`_encode_bounded` cuts one text:
+        each side is a prefix of its text, so truncation keeps the same tokens).
+
+        Raises:
+            TokenizeError: Overflow windows are configured (not built for pairs), or the
+                tokenizer failed.
+        """
+        if self.config.return_overflowing:
+            raise TokenizeError("overflow windows (return_overflowing) are not built for text pairs")
+        limit = self.config.max_length
+        hard_cut: list[int] = []
+        if limit is not None:
+            bound = limit * MAX_CHARS_PER_TOKEN + 256
+            cut_a, cut_b = _cut_long(firsts, bound), _cut_long(seconds, bound)
+            hard_cut = [i for i, (a, b) in enumerate(zip(firsts, seconds, strict=True))
+                        if cut_a[i] is not a or cut_b[i] is not b]
+            firsts, seconds = cut_a, cut_b
+        try:
+            # encode_batch, not encode_batch_fast: tokenizers 0.23's fast path gives the second
+            # sequence type ids 0 when the tokenizer has no post-processor (HF gives 1).
+            encodings = self._tokenizer.encode_batch(list(zip(firsts, seconds, strict=True)),
+                                                     add_special_tokens=self.config.add_special_tokens)
+            return list(encodings), hard_cut
+        except Exception as exc:  # tokenizers raises plain Exception subclasses
+            raise TokenizeError(f"tokenizer {self.source} failed on text pairs: {exc}") from exc
 
     def pad(self, batch: TokenizedBatch, rows: npt.NDArray[np.integer] | None = None) -> PaddedBatch:
         """Padded ``(batch, seq_len)`` arrays from this tokenizer's pool.
@@ -370,11 +441,13 @@ class ArrowTokenizer:
         windows: list[HFEncoding],
         counts: npt.NDArray[np.int64],
         hard_cut: list[int],
+        type_id_constant: int | None,
     ) -> TokenizedBatch:
+        """The batch's Arrow columns (``type_id_constant``: every type id, or None: copy them)."""
         lengths = np.fromiter(map(len, windows), dtype=np.int64, count=len(windows))
         total = int(lengths.sum())
         flat_ids = np.fromiter(itertools.chain.from_iterable(map(_IDS, windows)), np.int32, count=total)
-        constant = self.spec.type_id_constant
+        constant = type_id_constant
         if constant is None:
             flat_types = np.fromiter(
                 itertools.chain.from_iterable(map(_TYPE_IDS, windows)), np.int32, count=total
