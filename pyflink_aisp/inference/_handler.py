@@ -26,7 +26,7 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -79,7 +79,14 @@ class ModelHandler(abc.ABC, Generic[ExampleT, PredictionT, ModelT]):
     Subclasses implement the two abstract methods; the rest have defaults.
     A handler is pickled into the job graph, so keep its constructor arguments
     small (paths, checksums, options) and load heavy state in ``load_model``.
+
+    Attributes:
+        accepts_text_pairs: Examples may be ``(text, text_pair)`` tuples of two ``str`` (a
+            record mapped with a second text field, for cross-encoders and NLI models); a
+            job that maps one refuses, at start-up, a handler that leaves this False.
     """
+
+    accepts_text_pairs: ClassVar[bool] = False
 
     @abc.abstractmethod
     def load_model(self) -> ModelT:

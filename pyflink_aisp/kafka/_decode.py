@@ -75,6 +75,8 @@ class DecodedRecord:
         label: The ``label`` field if present (any JSON scalar), else None.
         kept: ``(name, value)`` of the mapping's kept fields, in its order (value None where
             absent; with ``keep=("*",)`` every top-level field but the text and id fields).
+        features: The feature vector of a mapping with features, else None.
+        text_pair: The second text of a mapping with one (a pair model's), else None.
     """
 
     id: str
@@ -82,11 +84,15 @@ class DecodedRecord:
     label: Any = None
     kept: tuple[tuple[str, Any], ...] = ()
     features: tuple[float, ...] | None = None
+    text_pair: str | None = None
 
     @property
     def model_input(self) -> Any:
-        """What the model gets: the feature vector of a mapping with features, else the text."""
-        return self.text if self.features is None else self.features
+        """What the model gets: the feature vector of a mapping with features, the
+        ``(text, text_pair)`` tuple of one with a second text, else the text."""
+        if self.features is not None:
+            return self.features
+        return self.text if self.text_pair is None else (self.text, self.text_pair)
 
 
 _BOM = "\ufeff"
@@ -226,6 +232,7 @@ def decode_review(value: bytes | None, source: KafkaCoordinates,
         else:
             obj = _parse(value)
         features: tuple[float, ...] | None = None
+        text_pair: str | None = None
         kept: tuple[tuple[str, Any], ...]
         if mapping.features:
             text, features = "", _features(obj, mapping)
@@ -244,6 +251,8 @@ def decode_review(value: bytes | None, source: KafkaCoordinates,
             rid = None if mapping.id_path is None else resolve_pointer(obj, mapping.id_path)
             rid = None if is_missing(rid) else rid
             kept = _kept(obj, mapping)
+            if mapping.text_pair_path is not None:
+                text_pair = _text_pair(obj, mapping)
         if not isinstance(text, str):
             raise DecodeError(
                 Reason.TEXT_NOT_STRING.value, f"'{_name(mapping.text)}' is {type(text).__name__}"
@@ -260,9 +269,24 @@ def decode_review(value: bytes | None, source: KafkaCoordinates,
             kept = tuple((name, jsonable(v)) for name, v in kept)
         _check_encodable("text", text)
         _check_encodable("id", str(rid))
-        return DecodedRecord(id=str(rid), text=text, label=obj.get("label"), kept=kept, features=features)
+        if text_pair is not None:
+            _check_encodable(str(mapping.text_pair), text_pair)
+        return DecodedRecord(id=str(rid), text=text, label=obj.get("label"), kept=kept, features=features,
+                             text_pair=text_pair)
     except DecodeError as exc:
         return _dead_letter(Reason(exc.reason), exc.detail, source, None if value is None else bytes(value))
+
+
+def _text_pair(obj: dict[str, Any], mapping: FieldMapping) -> str:
+    """The second text of a record (a pair model's): ``missing_text`` / ``text_not_string``
+    naming its pointer."""
+    assert mapping.text_pair is not None and mapping.text_pair_path is not None
+    value = resolve_pointer(obj, mapping.text_pair_path)
+    if is_missing(value) or value is None:
+        raise DecodeError(Reason.MISSING_TEXT.value, _missing_at(obj, mapping.text_pair, value))
+    if not isinstance(value, str):
+        raise DecodeError(Reason.TEXT_NOT_STRING.value, f"'{mapping.text_pair}' is {type(value).__name__}")
+    return value
 
 
 def _number(pointer: str, value: Any) -> float:

@@ -82,15 +82,17 @@ class FieldMapping:
     """Where the text and the id of a JSON record are, and the fields the output keeps.
 
     Attributes:
-        text: JSON Pointer to the text (a string). The parsed ``text_path``, ``id_path`` and
-            ``keep_paths`` are set from the pointers.
+        text: JSON Pointer to the text (a string). The parsed ``text_path``, ``id_path``,
+            ``text_pair_path`` and ``keep_paths`` are set from the pointers.
+        text_pair: JSON Pointer to a second text (a string) for pair models (cross-encoders,
+            NLI): the model gets ``(text, text_pair)``; None: one text.
         id: JSON Pointer to the id (a non-empty string or an integer); ``"key"``: the
             record's Kafka key (UTF-8); absent, null (or no key) or None here: the record's
             ``topic/partition/offset``.
         keep: JSON Pointers of fields copied unchanged into the output, each under its
             last token's name (``/meta/lang`` → ``lang``), null where the record has none;
-            ``("*",)``: every top-level field of each record except the text's and the id's
-            own (and ``id`` / ``model_sha256``), in the record's order.
+            ``("*",)``: every top-level field of each record except the text's, the second
+            text's and the id's own (and ``id`` / ``model_sha256``), in the record's order.
         value_format: JSON objects, or raw UTF-8 text (the whole value is the text, the id
             the record's coordinates, nothing to keep).
         features: JSON Pointers of a numeric model's input instead of a text: one pointer to
@@ -101,17 +103,19 @@ class FieldMapping:
 
     Raises:
         ConfigError: A pointer is not one (:func:`parse_pointer`), two kept fields share a
-            name, a kept name is ``id`` or ``model_sha256``, or raw values with a text
-            field, kept fields or features.
+            name, a kept name is ``id`` or ``model_sha256``, raw values with a text
+            field, a second text, kept fields or features, or a second text with features.
     """
 
     text: str = "/text"
     id: str | None = "/id"
+    text_pair: str | None = None
     keep: tuple[str, ...] = ()
     value_format: ValueFormat = ValueFormat.JSON
     features: tuple[str, ...] = ()
     schema_registry_url: str | None = None
     text_path: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    text_pair_path: tuple[str, ...] | None = field(init=False, repr=False, compare=False)
     id_path: tuple[str, ...] | None = field(init=False, repr=False, compare=False)
     keep_paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
     feature_paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
@@ -120,9 +124,13 @@ class FieldMapping:
         object.__setattr__(self, "keep", tuple(self.keep))
         object.__setattr__(self, "features", tuple(self.features))
         object.__setattr__(self, "value_format", ValueFormat(self.value_format))
-        if self.value_format is ValueFormat.RAW and (self.text != "/text" or self.keep or self.features):
-            raise ConfigError("raw values are the text itself: --text-field, --keep-fields and "
-                              "--feature-fields apply to json values only")
+        if self.value_format is ValueFormat.RAW and (self.text != "/text" or self.keep or self.features
+                                                     or self.text_pair is not None):
+            raise ConfigError("raw values are the text itself: --text-field, --text-pair-field, "
+                              "--keep-fields and --feature-fields apply to json and avro values only")
+        if self.text_pair is not None and self.features:
+            raise ConfigError("--text-pair-field is a text model's second text: a model of "
+                              "--feature-fields reads no text")
         object.__setattr__(self, "feature_paths", tuple(parse_pointer(p) for p in self.features))
         avro = self.value_format is ValueFormat.AVRO
         if avro != (self.schema_registry_url is not None):
@@ -132,6 +140,8 @@ class FieldMapping:
             raise ConfigError("--schema-registry-url must be an http(s) URL, e.g. "
                               "http://127.0.0.1:8081 (Apicurio: http://HOST:PORT/apis/ccompat/v7)")
         object.__setattr__(self, "text_path", parse_pointer(self.text))
+        object.__setattr__(self, "text_pair_path",
+                           None if self.text_pair is None else parse_pointer(self.text_pair))
         object.__setattr__(self, "id_path", None if self.id in (None, KEY_ID) else parse_pointer(self.id))
         if "*" in self.keep and self.keep != ("*",):
             raise ConfigError(f"'*' keeps every field: give it alone, got {list(self.keep)}")
@@ -162,15 +172,16 @@ class FieldMapping:
     def keep_all_skips(self) -> frozenset[str]:
         """With :attr:`keep_all`: the top-level names not kept (the text's and the id's own
         field, and the output's ``id`` / ``model_sha256``)."""
-        paths = (self.id_path, *self.feature_paths) if self.features else (self.text_path, self.id_path)
+        paths = ((self.id_path, *self.feature_paths) if self.features
+                 else (self.text_path, self.id_path, self.text_pair_path))
         own = {path[0] for path in paths if path is not None and len(path) == 1}
         return frozenset(own | _RESERVED)
 
     @property
     def is_default(self) -> bool:
         """Whether this is ``{"id", "text"}`` with nothing kept (the decoder's fast path)."""
-        return (self.text, self.id, self.keep, self.value_format, self.features) == (
-            "/text", "/id", (), ValueFormat.JSON, ())
+        return (self.text, self.id, self.keep, self.value_format, self.features, self.text_pair) == (
+            "/text", "/id", (), ValueFormat.JSON, (), None)
 
 
 #: ``{"id", "text"}`` records, nothing kept: the packaged job's default.

@@ -94,7 +94,8 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
 
     Raises:
         ConfigError: ``max_record_bytes`` below :data:`~pyflink_aisp.outcome.MIN_RECORD_BYTES`,
-            or the handler declares no task.
+            or the handler declares no task, or a mapping with a second text (``text_pair``)
+            for a handler that does not accept pairs.
     """
 
     def __init__(self, handler: ModelHandler[Any, Any, Any], *, batching: BatchingConfig,
@@ -110,6 +111,10 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         self._max_record_bytes = max_record_bytes
         self._mapping = mapping
         check_kept_names(mapping.kept_names, self._task)
+        if mapping.text_pair is not None and not handler.accepts_text_pairs:
+            raise ConfigError(f"--text-pair-field {mapping.text_pair}: {type(handler).__name__} takes one "
+                              "text per record; pair models run as --classifier or --encoder-onnx (or a "
+                              "handler whose accepts_text_pairs is True)")
         spec = WorkerSpec.of(handler, batching=batching, swap=swap, breaker=breaker, affinity=affinity,
                              dead_letters=dead_letters)
         self._shell = OperatorShell(spec, counters=_COUNTERS, windows=_WINDOWS, open_lease=open_lease)

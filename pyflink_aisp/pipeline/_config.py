@@ -389,6 +389,10 @@ class PipelineOptions(InferenceOptions):
         'user:password@ in the URL is never logged.', nullable=True)
     text_field: str = opt('/text', J, 'Where the text of each JSON record is: a JSON Pointer (RFC 6901), '
         'e.g. /body or /review/text.')
+    text_pair_field: str | None = opt(None, J, 'Where the second text of each JSON record is, for pair '
+        'models (cross-encoders, NLI classifiers): a JSON Pointer; the model gets (text, text pair), '
+        'tokenized as HF tokenizer(text, text_pair). Needs a --classifier or --encoder-onnx model (or a '
+        'handler that accepts pairs) and --operator arrow.', nullable=True)
     id_field: str | None = opt('/id', J, "Where the id of each record is: a JSON Pointer, or 'key' (the "
         "record's Kafka key, UTF-8; any value format); a record without one, and every record with 'none', "
         "is scored under its topic/partition/offset.", nullable=True)
@@ -499,14 +503,17 @@ class PipelineOptions(InferenceOptions):
         try:
             self.field_mapping()
         except ConfigError as exc:
-            raise ConfigError(f"--value-format / --text-field / --id-field / --keep-fields / "
-                              f"--feature-fields / --schema-registry-url: {exc}") from None
+            raise ConfigError(f"--value-format / --text-field / --text-pair-field / --id-field / "
+                              f"--keep-fields / --feature-fields / --schema-registry-url: {exc}") from None
         if (self.predictor is not None) != bool(self.feature_fields):
             raise ConfigError("--predictor reads the feature vectors of --feature-fields: give both, or "
                               "neither")
         if self.feature_fields and self.operator is Runner.ASYNC:
             raise ConfigError("--feature-fields runs on --operator arrow (the default): the async operator "
                               "carries texts")
+        if self.text_pair_field is not None and self.operator is Runner.ASYNC:
+            raise ConfigError("--text-pair-field runs on --operator arrow (the default): the async operator "
+                              "carries one text per record")
         if (self.models is None) != (self.model is None):
             raise ConfigError("--models FILE and --model NAME go together (the job runs one named model)")
         if self.max_dead_letter_rate is not None and self.max_dead_letter_rate >= 1:
@@ -538,7 +545,8 @@ class PipelineOptions(InferenceOptions):
         keep = tuple(p.strip() for p in (self.keep_fields or "").split(",") if p.strip())
         features = tuple(p.strip() for p in (self.feature_fields or "").split(",") if p.strip())
         return FieldMapping(text=self.text_field, id=self.id_field, keep=keep, value_format=self.value_format,
-                            features=features, schema_registry_url=self.schema_registry_url)
+                            features=features, schema_registry_url=self.schema_registry_url,
+                            text_pair=self.text_pair_field)
 
     def dead_letter_watch(self) -> DeadLetterWatchConfig:
         """The dead-letter watch of the job's operator: it warns above a share of 0.5 (or

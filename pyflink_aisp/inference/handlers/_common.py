@@ -179,8 +179,12 @@ class EncoderModel(Protocol):
 EncoderT = TypeVar("EncoderT", bound=EncoderModel)
 
 
-class TextEncoderHandler(ModelHandler[str, Embedding, EncoderT]):
-    """Texts in, one ``(dim,)`` float32 vector out; tokenization and versions shared.
+class TextEncoderHandler(ModelHandler[str | tuple[str, str], Embedding, EncoderT]):
+    """Texts (or text pairs) in, one ``(dim,)`` float32 vector out; tokenization and versions shared.
+
+    An example is a ``str``, or a ``(text, text_pair)`` tuple of two ``str`` for a pair model
+    (a cross-encoder or NLI classifier), tokenized as HF's ``tokenizer(text, text_pair)``
+    (:meth:`ArrowTokenizer.encode` with ``pairs``); one batch holds one kind.
 
     Subclasses implement :meth:`load_model` (returning an :class:`EncoderModel`)
     and :meth:`_version_inputs`. The model version is the sha256 of a text that
@@ -202,6 +206,8 @@ class TextEncoderHandler(ModelHandler[str, Embedding, EncoderT]):
         if intra_op_num_threads is not None and intra_op_num_threads < 1:
             raise ConfigError(f"intra_op_num_threads must be >= 1 or None, got {intra_op_num_threads}")
         self._version: str | None = None
+
+    accepts_text_pairs = True
 
     @abc.abstractmethod
     def _version_inputs(self) -> tuple[str, list[Path], dict[str, str]]:
@@ -252,26 +258,25 @@ class TextEncoderHandler(ModelHandler[str, Embedding, EncoderT]):
             self._version = self._file_version()
         return self._version
 
-    def run_inference(self, batch: Sequence[str], model: EncoderT) -> list[Embedding]:
+    def run_inference(self, batch: Sequence[str | tuple[str, str]], model: EncoderT) -> list[Embedding]:
         """Tokenize ``batch`` and run it as one model call (padded to its longest text).
 
         Returns:
             One ``(dim,)`` float32 vector per text, in order.
 
         Raises:
-            TokenizeError: An example is not a ``str``.
+            TokenizeError: An example is not a ``str`` or a pair of them, or the batch mixes
+                texts and pairs.
         """
         examples = list(batch)
-        for position, text in enumerate(examples):
-            if not isinstance(text, str):
-                raise TokenizeError(f"input {position} is {type(text).__name__}, expected str")
+        _split_pairs(examples)
         if not examples:
             return []
         prepared = self.prepare_batch(examples, model)
         return self.run_prepared(prepared, np.arange(len(examples), dtype=np.intp), model)
 
-    def example_tokens(self, example: str, model: EncoderT) -> int:
-        """Token count after truncation, from a bounded prefix of the text.
+    def example_tokens(self, example: str | tuple[str, str], model: EncoderT) -> int:
+        """Token count after truncation, from a bounded prefix of the text (of each text of a pair).
 
         Only the first ``max_length * PREFIX_CHARS_PER_TOKEN`` characters are
         tokenized, so a huge text costs no more than a normal one. Exact for
@@ -279,27 +284,37 @@ class TextEncoderHandler(ModelHandler[str, Embedding, EncoderT]):
         else a lower bound (a hint for length buckets and token budgets only).
 
         Raises:
-            TokenizeError: ``example`` is not a ``str``.
+            TokenizeError: ``example`` is not a ``str`` or a ``(text, text_pair)`` tuple of them.
         """
-        if not isinstance(example, str):
-            raise TokenizeError(f"expected str, got {type(example).__name__}")
         limit = model.tokenizer.config.max_length
+        if isinstance(example, tuple) and len(example) == 2:
+            text, text_pair = example
+            if limit is not None and isinstance(text, str) and isinstance(text_pair, str):
+                text, text_pair = (t[: limit * PREFIX_CHARS_PER_TOKEN] for t in example)
+            return max(1, model.tokenizer.count_pair_tokens(text, text_pair))
+        if not isinstance(example, str):
+            raise TokenizeError(f"expected str or a (text, text_pair) tuple, got {type(example).__name__}")
         prefix = example if limit is None else example[: limit * PREFIX_CHARS_PER_TOKEN]
         return max(1, model.tokenizer.count_tokens(prefix))
 
-    def prepare_batch(self, batch: Sequence[str], model: EncoderT) -> Prepared:
+    def prepare_batch(self, batch: Sequence[str | tuple[str, str]], model: EncoderT) -> Prepared:
         """Tokenize the whole batch in one :meth:`ArrowTokenizer.encode` call.
 
         Args:
-            batch: ``n`` texts: a list of ``str``, a pyarrow string array or a pandas Series.
+            batch: ``n`` texts: a list of ``str``, a pyarrow string array or a pandas Series;
+                or a list of ``n`` ``(text, text_pair)`` tuples.
 
         Returns:
             ``Prepared(payload=TokenizedBatch, lengths=(n,) int64 tokens after truncation)``.
 
         Raises:
-            TokenizeError: A row is null or not text (the runtime then isolates it).
+            TokenizeError: A row is null or not text, or not a pair in a batch of pairs (the
+                runtime then isolates it).
         """
-        tokens: TokenizedBatch = model.tokenizer.encode(batch)
+        first = batch[0] if isinstance(batch, list | tuple) and len(batch) else None
+        pairs = _split_pairs(list(batch)) if isinstance(first, tuple) else None
+        tokens: TokenizedBatch = (model.tokenizer.encode(batch) if pairs is None
+                                  else model.tokenizer.encode(*pairs))
         if tokens.input_ids.null_count:
             nulls = np.flatnonzero(tokens.input_ids.is_null().to_numpy(zero_copy_only=False))
             raise TokenizeError(f"rows {nulls[:10].tolist()} are null; expected str")
@@ -328,6 +343,27 @@ class TextEncoderHandler(ModelHandler[str, Embedding, EncoderT]):
         if vectors.ndim != 2 or vectors.shape[0] != len(rows):
             raise ModelError(f"model returned shape {vectors.shape} for {len(rows)} rows")
         return list(vectors)
+
+
+def _split_pairs(examples: list[Any]) -> tuple[list[str], list[str]] | None:
+    """``(texts, second texts)`` of a batch of ``(text, text_pair)`` tuples; None for a batch of
+    ``str`` (or an empty one).
+
+    Raises:
+        TokenizeError: An example is neither a ``str`` nor a pair of them, or the batch mixes
+            the two kinds.
+    """
+    if not examples or not isinstance(examples[0], tuple):
+        for position, text in enumerate(examples):
+            if not isinstance(text, str):
+                kind = "a text pair in a batch of texts" if isinstance(text, tuple) else type(text).__name__
+                raise TokenizeError(f"input {position} is {kind}, expected str")
+        return None
+    for position, pair in enumerate(examples):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(t, str) for t in pair)):
+            raise TokenizeError(f"input {position} is {type(pair).__name__}, expected a (text, text_pair) "
+                                "tuple of two str like the batch's first")
+    return [a for a, _ in examples], [b for _, b in examples]
 
 
 def check_token_fields(mapping: Mapping[TokenField | str, str] | None) -> dict[TokenField, str] | None:

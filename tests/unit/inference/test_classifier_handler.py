@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.errors import ConfigError, InferenceError, ModelError
+from pyflink_aisp.errors import ConfigError, InferenceError, ModelError, TokenizeError
 from pyflink_aisp.inference.handlers import OnnxClassifierHandler, read_classifier_config
 from pyflink_aisp.inference.tasks import ClassificationTask, SqlType, render_prediction
 from pyflink_aisp.inference.testing import check_model_handler
@@ -198,3 +198,44 @@ def test_bad_task_arguments():
         ClassificationTask(labels=LABELS, top_k=-1)
     with pytest.raises(ConfigError, match="unique"):
         ClassificationTask(labels=())
+
+
+def _pair_graph(table: np.ndarray, types: np.ndarray) -> onnx.ModelProto:
+    """logits = masked mean of ``table[input_ids] + types[token_type_ids]``: the type ids count."""
+    model = _bag_graph(table)
+    graph = model.graph
+    graph.initializer.append(numpy_helper.from_array(types, "types"))
+    emb = next(n for n in graph.node if n.op_type == "Gather")
+    emb.output[0] = "tok_emb"
+    graph.node.insert(1, helper.make_node("Gather", ["types", "token_type_ids"], ["type_emb"]))
+    graph.node.insert(2, helper.make_node("Add", ["tok_emb", "type_emb"], ["emb"]))
+    return model
+
+
+def test_text_pairs_are_classified_with_the_pair_encoding_and_its_type_ids(tmp_path, table, texts):
+    """(review i, review i+1) pairs: probabilities from HF tokenizers' own pair encoding
+    (template, type ids, longest_first at 32 tokens), computed again in numpy."""
+    root = make_dir(tmp_path, table)
+    types = np.random.default_rng(8).normal(scale=3.0, size=(2, len(LABELS))).astype(np.float32)
+    onnx.save_model(_pair_graph(table, types), str(root / "model.onnx"))
+    handler = OnnxClassifierHandler(model_dir=root, max_length=32)
+    assert handler.accepts_text_pairs
+    model = handler.load_model()
+    pairs = list(zip(texts, texts[1:] + texts[:1], strict=True))
+    got = np.stack(handler.run_inference(pairs, model))
+    reference = Tokenizer.from_file(str(locate_source_model().tokenizer_path))
+    reference.no_padding()
+    reference.enable_truncation(32)
+    encodings = reference.encode_batch(pairs)
+    assert all(1 in enc.type_ids for enc in encodings)
+    logits = np.stack([(table[enc.ids] + types[enc.type_ids]).astype(np.float64).mean(axis=0)
+                       for enc in encodings])
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), atol=2e-6)
+    alone = np.stack(handler.run_inference([a for a, _ in pairs], model))
+    assert np.abs(alone - got).max() > 0.05  # the second text is read
+    assert handler.example_tokens(pairs[0], model) == len(encodings[0].ids)
+    with pytest.raises(TokenizeError, match="expected a \\(text, text_pair\\) tuple"):
+        handler.run_inference([pairs[0], "a text"], model)
+    with pytest.raises(TokenizeError, match="a text pair in a batch of texts"):
+        handler.run_inference(["a text", pairs[0]], model)

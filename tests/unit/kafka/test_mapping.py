@@ -99,7 +99,8 @@ def test_a_raw_value_is_the_text_under_the_records_coordinates():
         assert isinstance(out, DeadLettered) and out.reason is reason
 
 
-@pytest.mark.parametrize("fields", [{"text": "/body"}, {"keep": ("/lang",)}, {"features": ("/x",)}])
+@pytest.mark.parametrize("fields", [{"text": "/body"}, {"keep": ("/lang",)}, {"features": ("/x",)},
+                                    {"text_pair": "/passage"}])
 def test_raw_values_have_no_fields_to_map(fields):
     with pytest.raises(ConfigError, match="raw values are the text itself"):
         FieldMapping(value_format="raw", **fields)
@@ -151,3 +152,35 @@ def test_the_kafka_key_as_the_id_for_json_and_raw_values():
 def test_the_key_is_read_only_when_the_id_is_the_key():
     out = decode_review(b'{"id": "a", "text": "t"}', SRC, FieldMapping(), key=b"other")
     assert isinstance(out, DecodedRecord) and out.id == "a"
+
+
+def test_a_second_text_makes_the_model_input_a_pair_and_star_skips_its_field():
+    mapping = FieldMapping(text="/query", text_pair="/doc/passage", id="/qid", keep=("*",))
+    value = json.dumps({"qid": "q1", "query": "is it good", "doc": {"passage": "a fine film"},
+                        "lang": "en"}).encode()
+    out = decode_review(value, SRC, mapping)
+    assert isinstance(out, DecodedRecord)
+    assert (out.id, out.model_input) == ("q1", ("is it good", "a fine film"))
+    assert out.kept == (("doc", {"passage": "a fine film"}), ("lang", "en"))  # nested: only top-level skipped
+    flat = FieldMapping(text="/query", text_pair="/passage", keep=("*",))
+    out = decode_review(b'{"id": 3, "query": "q", "passage": "p", "lang": "en"}', SRC, flat)
+    assert isinstance(out, DecodedRecord) and out.kept == (("lang", "en"),)
+    assert decode_review(b'{"id": 3, "text": "t"}', SRC, FieldMapping()).model_input == "t"
+
+
+@pytest.mark.parametrize(("value", "reason", "detail"), [
+    (b'{"query": "q"}', Reason.MISSING_TEXT, "no value at /passage; the object's fields: 'query'"),
+    (b'{"query": "q", "passage": null}', Reason.MISSING_TEXT, "'/passage' is null"),
+    (b'{"query": "q", "passage": 7}', Reason.TEXT_NOT_STRING, "'/passage' is int"),
+    (b'{"query": "q", "passage": "\\ud800"}', Reason.INVALID_UNICODE, "'/passage' char 0"),
+])
+def test_a_record_without_a_usable_second_text_is_a_dead_letter_naming_its_path(value, reason, detail):
+    out = decode_review(value, SRC, FieldMapping(text="/query", text_pair="/passage"))
+    assert isinstance(out, DeadLettered) and out.reason is reason and out.detail.startswith(detail)
+
+
+def test_a_second_text_is_refused_with_features_and_must_be_a_pointer():
+    with pytest.raises(ConfigError, match="a model of --feature-fields reads no text"):
+        FieldMapping(features=("/x",), text_pair="/passage")
+    with pytest.raises(ConfigError, match="must start with '/'"):
+        FieldMapping(text_pair="passage")

@@ -350,3 +350,30 @@ def test_the_latency_trace_writes_one_line_per_arrow_batch_with_ordered_times_an
     # closed: a late write is a no-op, the file keeps its two lines
     function._trace.write(1.0, 2.0, 3.0, 4.0, ["late"])
     assert len(files[0].read_text().splitlines()) == 2
+
+
+class PairEchoHandler(EchoHandler):
+    """Echoes ``text + " | " + text_pair`` of each pair."""
+
+    accepts_text_pairs = True
+
+    def run_inference(self, batch: Sequence[Any], model: str) -> list[tuple[int, float, str]]:
+        return super().run_inference([f"{a} | {b}" for a, b in batch], model)
+
+
+def test_a_second_text_reaches_a_pair_handler_and_a_one_text_handler_is_refused_at_start_up(opener) -> None:
+    mapping = FieldMapping(text="/query", text_pair="/passage")
+    with pytest.raises(ConfigError, match="--text-pair-field /passage: EchoHandler takes one text per"):
+        ArrowInferenceFunction(EchoHandler(), batching=BATCHING, mapping=mapping)
+    function = ArrowInferenceFunction(PairEchoHandler(), batching=BATCHING, open_lease=opener,
+                                      mapping=mapping)
+    function.open(Context())
+    values = [json.dumps({"id": "p1", "query": "good?", "passage": "a fine film"}).encode(),
+              json.dumps({"id": "p2", "query": "no passage"}).encode()]
+    try:
+        out = function.eval(_frame(values))
+    finally:
+        function.close()
+    assert out["dead"].tolist() == [False, True]
+    assert json.loads(out["value"][0])["echo"] == "good? | a fine film"
+    assert json.loads(out["value"][1])["reason"] == "missing_text"

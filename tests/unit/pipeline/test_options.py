@@ -648,3 +648,18 @@ def test_a_topic_used_twice_exits_2_before_a_feedback_loop(flags: list[str], nam
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "the input, output and dead-letter topics must differ" in err and named in err
+
+
+def test_a_second_text_field_maps_a_pair_and_is_refused_where_it_cannot_run() -> None:
+    options = job(text_field="/query", text_pair_field="/doc/passage")
+    mapping = options.field_mapping()
+    assert (mapping.text, mapping.text_pair, mapping.text_pair_path) == ("/query", "/doc/passage",
+                                                                          ("doc", "passage"))
+    assert job().field_mapping().text_pair is None
+    with pytest.raises(ConfigError, match="--text-pair-field runs on --operator arrow"):
+        job(text_pair_field="/passage", operator=Runner.ASYNC)
+    with pytest.raises(ConfigError, match=r"--text-pair-field .*: raw values are the text itself"):
+        job(text_pair_field="/passage", value_format="raw")
+    parsed = PipelineOptions.from_args(["--input-topic", "in", "--output-topic", "out",
+                                        "--text-pair-field", "/passage"])
+    assert parsed.text_pair_field == "/passage"
