@@ -24,7 +24,7 @@ from pyflink_aisp.inference.handlers import OnnxSentimentModel
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
 from pyflink_aisp.local import LocalStack, daemon_env, flink_overview
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 N = 300
 ROOT = Path(__file__).resolve().parents[2]

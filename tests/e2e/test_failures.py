@@ -21,7 +21,7 @@ from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
 from pyflink_aisp.local._flink import FlinkCluster
 from pyflink_aisp.local._procs import read_pid_file
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "review_sentiment.py"

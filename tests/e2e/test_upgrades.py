@@ -14,7 +14,7 @@ import pytest
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHUNK = 250

@@ -22,7 +22,7 @@ from pyflink_aisp.inference.handlers import OnnxSentimentModel
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
 from pyflink_aisp.local import broker_answers, find_free_port, flink_overview
 
-pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[3]
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
