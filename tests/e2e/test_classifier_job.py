@@ -34,21 +34,30 @@ def intent_dir(tmp_path_factory) -> Path:
     return model_dir
 
 
+def _run_batch_job(stack, topic: str, records: list[dict], *options: str
+                   ) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """Write ``records`` to a new ``topic`` and score it in BATCH mode with ``options`` through `flink
+    run`; the bootstrap servers and the finished run."""
+    bootstrap = str(stack.status().bootstrap_servers)
+    create_topics(bootstrap, [topic, f"{topic}-out", f"{topic}-out.dlq"])
+    assert ingest_records(bootstrap, topic, records, progress=False).delivered == len(records)
+    cmd = stack.flink_run_command(
+        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap, "--input-topic", topic,
+        "--output-topic", f"{topic}-out", "--mode", "batch", *options)
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return bootstrap, proc
+
+
 def test_a_157_label_classifier_scores_a_nested_topic_by_options_alone(stack, intent_dir):
     model_dir = intent_dir
     texts = [*DOCUMENTED, *(r.text for r in load_rotten_tomatoes()[:197])]
     records = [{"ticket": {"id": f"t{i}", "text": text}, "channel": "chat" if i % 2 else "mail"}
                for i, text in enumerate(texts)]
-    bootstrap = str(stack.status().bootstrap_servers)
     topic = "tickets"
-    create_topics(bootstrap, [topic, f"{topic}-out", f"{topic}-out.dlq"])
-    assert ingest_records(bootstrap, topic, records, progress=False).delivered == len(records)
-    cmd = stack.flink_run_command(
-        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap, "--input-topic", topic,
-        "--output-topic", f"{topic}-out", "--mode", "batch", "--classifier", str(model_dir), "--top-k", "3",
-        "--text-field", "/ticket/text", "--id-field", "/ticket/id", "--keep-fields", "/channel")
-    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    bootstrap, proc = _run_batch_job(stack, topic, records, "--classifier", str(model_dir), "--top-k", "3",
+                                     "--text-field", "/ticket/text", "--id-field", "/ticket/id",
+                                     "--keep-fields", "/channel")
     assert f": {len(texts)} in, {len(texts)} out, 0 dead letters" in proc.stdout
     docs = {json.loads(m.value())["id"]: json.loads(m.value())
             for m in read_topic(bootstrap, f"{topic}-out", min_count=len(texts), timeout_s=60)}
@@ -77,16 +86,9 @@ def test_text_pairs_reach_the_classifier_through_flink_run(stack, intent_dir):
     pairs = [(question, review) for question, review in zip([*DOCUMENTED] * 20, reviews, strict=False)]
     records = [{"qid": f"q{i}", "question": q, "doc": {"passage": p}} for i, (q, p) in enumerate(pairs)]
     records.append({"qid": "lost", "question": "no passage here", "doc": {}})
-    bootstrap = str(stack.status().bootstrap_servers)
     topic = "pairs"
-    create_topics(bootstrap, [topic, f"{topic}-out", f"{topic}-out.dlq"])
-    assert ingest_records(bootstrap, topic, records, progress=False).delivered == len(records)
-    cmd = stack.flink_run_command(
-        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap, "--input-topic", topic,
-        "--output-topic", f"{topic}-out", "--mode", "batch", "--classifier", str(intent_dir),
-        "--text-field", "/question", "--text-pair-field", "/doc/passage", "--id-field", "/qid")
-    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    bootstrap, proc = _run_batch_job(stack, topic, records, "--classifier", str(intent_dir), "--text-field",
+                                     "/question", "--text-pair-field", "/doc/passage", "--id-field", "/qid")
     assert f": {len(records)} in, {len(pairs)} out, 1 dead letters" in proc.stdout
     docs = {json.loads(m.value())["id"]: json.loads(m.value())
             for m in read_topic(bootstrap, f"{topic}-out", min_count=len(pairs), timeout_s=60)}
