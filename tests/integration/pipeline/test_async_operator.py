@@ -142,6 +142,26 @@ def _version_two(assets, directory: Path) -> Path:
     return path
 
 
+def _await_version(bootstrap, t_in, t_out, probes, sha256, seen):
+    """Produce ``probes`` one at a time until one comes out scored by ``sha256``.
+
+    The job loads a published version in the background; how long that takes
+    depends on the machine, so the test waits for the swap itself rather than a
+    fixed time. Returns the probes produced (each is scored by one version or the
+    other; the caller checks which).
+    """
+    sent = []
+    for probe in probes:
+        _produce(bootstrap, t_in, [probe])
+        sent.append(probe)
+        out = read_topic(bootstrap, t_out, min_count=seen + len(sent), timeout_s=60, quiet_s=0.5)
+        if any(json.loads(m.value())["id"] == probe.id and json.loads(m.value())["model_sha256"] == sha256
+               for m in out):
+            return sent
+        time.sleep(0.5)
+    raise AssertionError(f"version {sha256[:12]} was not swapped in after {len(sent)} probes")
+
+
 def test_hot_swap_mid_stream_tags_outputs_and_refuses_a_bad_model(
     kafka_bootstrap, topic, model_assets, reviews, tmp_path
 ):
@@ -153,29 +173,37 @@ def test_hot_swap_mid_stream_tags_outputs_and_refuses_a_bad_model(
     v2 = sha256_file(v2_path)
     first, second, third = reviews[:80], reviews[80:160], reviews[160:200]
     cfg = PipelineOptions.from_args(_args(kafka_bootstrap, t_in, t_out, model_assets,
-                                      "--model-pointer", str(pointer)))
+                                      "--model-pointer", str(pointer), "--model-poll-interval-s", "0.5"))
     run = build_pipeline(make_environment(cfg), cfg)
     try:
         _produce(kafka_bootstrap, t_in, first)
         read_topic(kafka_bootstrap, t_out, min_count=len(first), timeout_s=120, quiet_s=1)
         publish_model(pointer, v2_path)
-        time.sleep(3)  # the job polls the pointer every 2 s and loads v2 in the background
+        probes = _await_version(kafka_bootstrap, t_in, t_out, reviews[200:300], v2, len(first))
         _produce(kafka_bootstrap, t_in, second)
-        read_topic(kafka_bootstrap, t_out, min_count=len(first) + len(second), timeout_s=120, quiet_s=1)
+        total = len(first) + len(probes) + len(second)
+        read_topic(kafka_bootstrap, t_out, min_count=total, timeout_s=120, quiet_s=1)
         bad = tmp_path / "broken.onnx"
         bad.write_bytes(v2_path.read_bytes()[:4096])  # truncated: ONNX Runtime cannot load it
         publish_model(pointer, bad)
-        time.sleep(3)
+        time.sleep(3)  # six polls: the job reads the pointer and fails to load the truncated file at once
         _produce(kafka_bootstrap, t_in, third)
-        out = read_topic(kafka_bootstrap, t_out, min_count=200, timeout_s=120, quiet_s=3)
+        out = read_topic(kafka_bootstrap, t_out, min_count=total + len(third), timeout_s=120, quiet_s=3)
     finally:
         run.get_job_client().cancel().result()
     docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in out}
-    assert len(out) == 200 and set(docs) == {r.id for r in reviews[:200]}  # none lost, none twice
-    v1_scores = _scores(OnnxSentimentModel(model_assets), first)
+    expected_ids = {r.id for r in reviews[:200] + probes}
+    assert len(out) == len(expected_ids) and set(docs) == expected_ids  # none lost, none twice
+    v1_model = OnnxSentimentModel(model_assets)
+    v1_scores = _scores(v1_model, first + probes)
     assert {docs[r.id]["model_sha256"] for r in first} == {model_assets.sha256}
-    assert all(docs[i]["score"] == pytest.approx(s, abs=1e-5) for i, s in v1_scores.items())
+    assert all(docs[r.id]["score"] == pytest.approx(v1_scores[r.id], abs=1e-5) for r in first)
     v2_model = SentimentHandler(model_assets).load_version(v2_path, v2)
-    v2_scores = _scores(v2_model, second + third)
+    v2_scores = _scores(v2_model, second + third + probes)
+    assert docs[probes[-1].id]["model_sha256"] == v2
+    for r in probes:  # each probe is scored by the version its tag names
+        want = v1_scores if docs[r.id]["model_sha256"] == model_assets.sha256 else v2_scores
+        assert docs[r.id]["model_sha256"] in {model_assets.sha256, v2}
+        assert docs[r.id]["score"] == pytest.approx(want[r.id], abs=1e-5)
     assert {docs[r.id]["model_sha256"] for r in second + third} == {v2}  # the bad model was refused
-    assert all(docs[i]["score"] == pytest.approx(s, abs=1e-5) for i, s in v2_scores.items())
+    assert all(docs[r.id]["score"] == pytest.approx(v2_scores[r.id], abs=1e-5) for r in second + third)
