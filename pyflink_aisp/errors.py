@@ -126,6 +126,24 @@ class InferenceTimeoutError(InferenceError):
     """A record waited longer than its operator's timeout (dead-lettered as ``inference_timeout``)."""
 
 
+class RemoteError(InferenceError):
+    """A remote model server refused or failed a request (dead-lettered as ``remote_error``).
+
+    Attributes:
+        status: The HTTP status of the last answer, or None when none came (connection
+            refused or reset, a body that is not the protocol's).
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RemoteTimeoutError(RemoteError):
+    """A remote call got no usable answer within its record's deadline, retries included
+    (dead-lettered as ``remote_timeout``)."""
+
+
 class OperatorNotOpenError(InferenceError, RuntimeError):
     """An operator or SQL function scored a record before its ``open()`` ran: a bug in
     the job, not in a record (a ``RuntimeError`` too)."""

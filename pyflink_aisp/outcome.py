@@ -34,7 +34,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pyflink_aisp.errors import DecodeError, InferenceError, InferenceTimeoutError, OversizedOutputError
+from pyflink_aisp.errors import (
+    DecodeError,
+    InferenceError,
+    InferenceTimeoutError,
+    OversizedOutputError,
+    RemoteError,
+    RemoteTimeoutError,
+)
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
@@ -87,13 +94,16 @@ class Reason(enum.StrEnum):
     DECODE_ERROR = "decode_error"
     INFERENCE_ERROR = "inference_error"
     INFERENCE_TIMEOUT = "inference_timeout"
+    REMOTE_ERROR = "remote_error"
+    REMOTE_TIMEOUT = "remote_timeout"
     OVERSIZED_OUTPUT = "oversized_output"
 
 
 def reason_of(error: BaseException) -> Reason:
     """The reason for an exception: a :class:`~pyflink_aisp.errors.DecodeError`'s
     own, ``INFERENCE_TIMEOUT`` for :class:`~pyflink_aisp.errors.InferenceTimeoutError`,
-    else ``INFERENCE_ERROR``."""
+    ``REMOTE_TIMEOUT`` / ``REMOTE_ERROR`` for :class:`~pyflink_aisp.errors.RemoteTimeoutError` /
+    :class:`~pyflink_aisp.errors.RemoteError`, else ``INFERENCE_ERROR``."""
     if isinstance(error, DecodeError):
         try:
             return Reason(error.reason)
@@ -101,6 +111,10 @@ def reason_of(error: BaseException) -> Reason:
             return Reason.DECODE_ERROR
     if isinstance(error, InferenceTimeoutError):
         return Reason.INFERENCE_TIMEOUT
+    if isinstance(error, RemoteTimeoutError):
+        return Reason.REMOTE_TIMEOUT
+    if isinstance(error, RemoteError):
+        return Reason.REMOTE_ERROR
     if isinstance(error, OversizedOutputError):
         return Reason.OVERSIZED_OUTPUT
     return Reason.INFERENCE_ERROR

@@ -103,6 +103,9 @@ class ModelHandler(abc.ABC, Generic[ExampleT, PredictionT, ModelT]):
         An exception fails the batch; the batcher then bisects it so that only the
         examples that fail alone are dead-lettered. An out-of-memory error (see
         :func:`pyflink_aisp.inference.is_out_of_memory`) also lowers the batch size.
+        An exception *returned* in an example's place fails that example alone, without
+        bisecting (a remote handler does this for the rows of a request that failed, so
+        that no request is made again); its reason is :func:`pyflink_aisp.outcome.reason_of`'s.
         """
 
     def task(self, *, with_embedding: bool = False) -> Task:

@@ -287,12 +287,12 @@ class ModelRuntime:
     def _run_batch(self, examples: list[Any]) -> list[Inferred]:
         """Batching thread: one model batch of the per-record path."""
         model, version = self._swap_in()
-        return [Inferred(p, version) for p in self.handler.run_inference(examples, model)]
+        return _tag(self.handler.run_inference(examples, model), version)
 
     def _run_rows(self, prepared: Prepared, rows: npt.NDArray[np.intp]) -> list[Inferred]:
         """Batching thread: one model batch of the batch path (``rows`` of ``prepared``)."""
         model, version = self._swap_in()
-        return [Inferred(p, version) for p in self.handler.run_prepared(prepared, rows, model)]
+        return _tag(self.handler.run_prepared(prepared, rows, model), version)
 
     def _on_batch(self, report: BatchReport) -> None:
         self.batch_sizes.add(report.size)
@@ -334,6 +334,12 @@ class ModelRuntime:
             _log.error("model hot swap: %s; still serving %s", message, self.model_version[:12])
             self._swap.failures += 1
         self._swap.last_error = message
+
+
+def _tag(predictions: Sequence[Any], version: str) -> list[Any]:
+    """Each prediction as an :class:`Inferred` of ``version``; an exception a handler returned in
+    a prediction's place (one example failed, e.g. its remote request) stays that example's outcome."""
+    return [p if isinstance(p, BaseException) else Inferred(p, version) for p in predictions]
 
 
 def handler_key(handler: ModelHandler[Any, Any, Any]) -> str:

@@ -70,6 +70,10 @@ _COUNTERS = ("recordsIn", "recordsOut", "deadLetters", "arrowBatches")
 _WINDOWS = ("arrowBatchSize", "serializationUs", "endToEndUs")
 
 
+#: Reasons the circuit breaker counts: the model (or its server) failed, not the record's data.
+_MODEL_FAILURES = frozenset({Reason.INFERENCE_ERROR, Reason.REMOTE_ERROR, Reason.REMOTE_TIMEOUT})
+
+
 class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
     """Decode, infer and render one Arrow batch of raw Kafka records.
 
@@ -174,7 +178,7 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
             dead[i] = error is not None
             if letter is not None:
                 letters.append(letter)
-            if error is not None and reason_of(error) is Reason.INFERENCE_ERROR:
+            if error is not None and reason_of(error) in _MODEL_FAILURES:
                 failed, last_error = failed + 1, error
         end = time.perf_counter()
         self._record(len(decoded), len(decoded) - sum(dead), start, decoded_s, inferred_s, end)

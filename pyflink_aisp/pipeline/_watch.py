@@ -58,6 +58,10 @@ _FIXES: dict[Reason, str] = {
     Reason.DECODE_ERROR: "an unforeseen decoder error: report it with a record from the dead-letter topic",
     Reason.INFERENCE_ERROR: "the model fails on these records: see the dead letters' detail",
     Reason.INFERENCE_TIMEOUT: "the model is slower than --timeout-s: raise it or scale out",
+    Reason.REMOTE_ERROR: "the model server refuses or fails these requests: see the status in the dead "
+                         "letters' detail",
+    Reason.REMOTE_TIMEOUT: "the model server does not answer within --remote-deadline-s: raise it, or "
+                           "lower --remote-max-concurrency",
     Reason.OVERSIZED_OUTPUT: "outputs exceed the sink's record limit: raise --max-request-size and the "
                              "output topic's max.message.bytes",
 }

@@ -49,7 +49,7 @@ from pyflink_aisp.inference.handlers._onnx import (
 )
 from pyflink_aisp.inference.tasks import RESERVED_FIELDS, OutputField, PredictionTask, SqlType
 
-__all__ = ["OnnxPredictorHandler", "PredictorModel", "predictor_fields"]
+__all__ = ["OnnxPredictorHandler", "PredictorModel", "output_field_name", "predictor_fields"]
 
 _FLOATS = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16}
 _INTS = {f"tensor({t})" for t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}
@@ -59,7 +59,9 @@ _VECTOR = {"tensor(float)": SqlType.ARRAY_FLOAT, "tensor(float16)": SqlType.ARRA
            "tensor(double)": SqlType.ARRAY_DOUBLE, "tensor(string)": SqlType.ARRAY_STRING}
 
 
-def _field_name(output: str) -> str:
+def output_field_name(output: str) -> str:
+    """The output field of a model output named ``output``: lower case, other characters ``_``,
+    ``out_`` before a name that does not start with a letter or ``_``."""
     name = re.sub(r"[^a-z0-9_]", "_", output.lower())
     return name if re.match(r"[a-z_]", name) else f"out_{name}"
 
@@ -80,7 +82,7 @@ def _output_field(path: Path, arg: Any) -> OutputField:
     if sql_type is None:
         raise ModelError(f"output {arg.name!r} of {path} is {kind} of shape {shape}: a field takes a "
                          "(batch,) value or a (batch, k) float, double or string vector")
-    name = _field_name(arg.name)
+    name = output_field_name(arg.name)
     if name in RESERVED_FIELDS:
         raise ModelError(f"output {arg.name!r} of {path} would be the field {name!r}, which the operators "
                          f"write themselves ({sorted(RESERVED_FIELDS)}): rename the graph output")

@@ -8,7 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from pyflink_aisp.errors import DecodeError, InferenceError, InferenceTimeoutError, TokenizeError
+from pyflink_aisp.errors import (
+    DecodeError,
+    InferenceError,
+    InferenceTimeoutError,
+    RemoteError,
+    RemoteTimeoutError,
+    TokenizeError,
+)
 from pyflink_aisp.inference.tasks import EmbeddingTask, SentimentTask, Task, render_prediction
 from pyflink_aisp.outcome import (
     MAX_DEAD_LETTER_VALUE_BYTES,
@@ -51,6 +58,8 @@ def test_reason_values_are_the_dead_letter_reasons() -> None:
         "DECODE_ERROR": "decode_error",
         "INFERENCE_ERROR": "inference_error",
         "INFERENCE_TIMEOUT": "inference_timeout",
+        "REMOTE_ERROR": "remote_error",
+        "REMOTE_TIMEOUT": "remote_timeout",
         "OVERSIZED_OUTPUT": "oversized_output",
     }
     assert Reason.INVALID_JSON == "invalid_json" and str(Reason.INFERENCE_TIMEOUT) == "inference_timeout"
@@ -66,6 +75,8 @@ def test_reason_of_a_decode_error_is_its_own(reason: Reason) -> None:
     ("error", "reason"),
     [
         (InferenceTimeoutError("waited too long"), Reason.INFERENCE_TIMEOUT),
+        (RemoteError("/v2/models/m/infer: HTTP 400: bad shape", 400), Reason.REMOTE_ERROR),
+        (RemoteTimeoutError("no answer within the 30 s deadline", 503), Reason.REMOTE_TIMEOUT),
         (InferenceError("batcher closed"), Reason.INFERENCE_ERROR),
         (TokenizeError("not a str"), Reason.INFERENCE_ERROR),
         (RuntimeError("inference_timeout: a message is not a type"), Reason.INFERENCE_ERROR),

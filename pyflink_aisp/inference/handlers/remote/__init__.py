@@ -1,0 +1,29 @@
+"""Models behind a remote server, on the same :class:`~pyflink_aisp.inference.ModelHandler`
+plug-in: an Open Inference Protocol v2 server (KServe, Triton, MLServer) with
+:class:`V2PredictorHandler`; the HTTP underneath (:class:`RemoteEndpoint`,
+:class:`RemoteSession`: a connection pool per worker, adaptive concurrency
+:class:`AimdLimiter`, retries with backoff inside a deadline) is shared by every remote
+handler.
+"""
+
+from __future__ import annotations
+
+from pyflink_aisp.inference.handlers.remote._client import (
+    RETRYABLE_STATUSES,
+    RemoteEndpoint,
+    RemoteSession,
+    retry_after_seconds,
+)
+from pyflink_aisp.inference.handlers.remote._limit import AimdLimiter, LimiterConfig
+from pyflink_aisp.inference.handlers.remote._v2 import V2Model, V2PredictorHandler
+
+__all__ = [
+    "RETRYABLE_STATUSES",
+    "AimdLimiter",
+    "LimiterConfig",
+    "RemoteEndpoint",
+    "RemoteSession",
+    "V2Model",
+    "V2PredictorHandler",
+    "retry_after_seconds",
+]

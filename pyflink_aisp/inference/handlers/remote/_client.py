@@ -1,0 +1,320 @@
+"""HTTP to a remote model server: one connection pool per worker on its own event loop,
+adaptive concurrency, retries with backoff inside a deadline, secrets kept out of sight.
+
+A :class:`RemoteSession` owns an asyncio event loop in a daemon thread and an
+``httpx.AsyncClient`` (its connection pool) on it. The handler's batching thread hands it
+the requests of one model batch at once (:meth:`RemoteSession.gather`); they run
+concurrently under the :class:`~.AimdLimiter`. Each request retries what a server may
+answer differently next time (429, 502, 503, 504, 408, timeouts, connection errors) with
+exponential backoff and full jitter (Brooker, "Exponential Backoff And Jitter", AWS
+Architecture Blog, 2015: sleep ``uniform(0, min(cap, base * 2**attempt))``), at least as
+long as a ``Retry-After`` asks, until the request's deadline; then it fails with
+:class:`~pyflink_aisp.errors.RemoteTimeoutError`. Any other 4xx / 5xx fails at once with
+:class:`~pyflink_aisp.errors.RemoteError` (the same request would get the same answer).
+
+The API key is read from an environment variable or a file when the session opens (on the
+worker), kept only in the client's default headers, and never put in a message: errors
+name the URL path and the status, never the headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import os
+import random
+import threading
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from pyflink_aisp.errors import ConfigError, RemoteError, RemoteTimeoutError
+from pyflink_aisp.inference.handlers.remote._limit import AimdLimiter, LimiterConfig
+
+__all__ = ["RETRYABLE_STATUSES", "RemoteEndpoint", "RemoteSession", "retry_after_seconds"]
+
+#: Statuses worth another try: request timeout, too early, too many requests, bad gateway,
+#: service unavailable, gateway timeout (RFC 9110 §15; 425 and 429: RFC 8470, RFC 6585).
+RETRYABLE_STATUSES = frozenset({408, 425, 429, 502, 503, 504})
+#: Of those, the ones that say the server is overloaded: the limiter backs off.
+_OVERLOAD_STATUSES = frozenset({429, 503})
+#: Most bytes of an error body kept in a message.
+_BODY_CHARS = 300
+
+T = TypeVar("T")
+
+
+def retry_after_seconds(value: str | None, *, now: float | None = None) -> float | None:
+    """A ``Retry-After`` header (RFC 9110 §10.2.3: delay-seconds or an HTTP-date) in seconds
+    from now; None when absent or unreadable; never negative."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - (time.time() if now is None else now), 0.0)
+
+
+@dataclass(frozen=True)
+class RemoteEndpoint:
+    """Where a remote model server is and how to call it (pickled into the job: no secret).
+
+    Attributes:
+        url: Base URL, ``http://`` or ``https://`` (e.g. ``http://triton:8000``).
+        api_key_env: Environment variable holding the API key (sent as ``Authorization:
+            Bearer``), read on the worker.
+        api_key_file: File holding the API key (its first line), read on the worker.
+        ca_file: PEM bundle to verify the server's TLS certificate against (default: the
+            system's, through ``certifi``).
+        request_timeout_s: Longest one attempt may take, in seconds.
+        deadline_s: Longest one request may take, retries and waits included, in seconds.
+        max_attempts: Most attempts of one request.
+        backoff_base_s: First backoff cap, in seconds (doubles per attempt).
+        backoff_cap_s: Largest backoff, in seconds.
+        concurrency: Bounds of the adaptive limit of requests in flight per worker.
+
+    Raises:
+        ConfigError: A URL that is not http(s), both or a missing key source, bad timing.
+    """
+
+    url: str
+    api_key_env: str | None = None
+    api_key_file: Path | None = None
+    ca_file: Path | None = None
+    request_timeout_s: float = 10.0
+    deadline_s: float = 30.0
+    max_attempts: int = 6
+    backoff_base_s: float = 0.1
+    backoff_cap_s: float = 5.0
+    concurrency: LimiterConfig = field(default_factory=LimiterConfig)
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"a remote model server URL must start with http:// or https://, "
+                              f"got {self.url!r}")
+        object.__setattr__(self, "url", self.url.rstrip("/"))
+        if self.api_key_env is not None and self.api_key_file is not None:
+            raise ConfigError("give the API key by an environment variable or a file, not both")
+        if not 0 < self.request_timeout_s <= self.deadline_s:
+            raise ConfigError(f"need 0 < request timeout <= deadline, got {self.request_timeout_s} s and "
+                              f"{self.deadline_s} s")
+        if self.max_attempts < 1 or not 0 < self.backoff_base_s <= self.backoff_cap_s:
+            raise ConfigError("need max_attempts >= 1 and 0 < backoff base <= backoff cap")
+
+    def api_key(self) -> str | None:
+        """The API key, read now (None without a source).
+
+        Raises:
+            ConfigError: The variable is unset or empty, or the file cannot be read or is empty.
+        """
+        if self.api_key_env is not None:
+            key = os.environ.get(self.api_key_env, "").strip()
+            if not key:
+                raise ConfigError(f"the API key variable {self.api_key_env} is not set on this worker")
+            return key
+        if self.api_key_file is not None:
+            try:
+                lines = Path(self.api_key_file).read_text(encoding="utf-8").strip().splitlines()
+            except OSError as exc:
+                raise ConfigError(f"cannot read the API key file {self.api_key_file}: "
+                                  f"{type(exc).__name__}") from None
+            if not lines or not lines[0].strip():
+                raise ConfigError(f"the API key file {self.api_key_file} is empty")
+            return lines[0].strip()
+        return None
+
+    def headers(self) -> dict[str, str]:
+        """Default request headers (the ``Authorization`` header when a key is configured)."""
+        key = self.api_key()
+        return {} if key is None else {"Authorization": f"Bearer {key}"}
+
+    def verify(self) -> str | bool:
+        """httpx's ``verify``: the CA file, or True (the default trust store)."""
+        return str(self.ca_file) if self.ca_file is not None else True
+
+    def get_json(self, path: str) -> Any:
+        """A synchronous GET (start-up checks, on the client and on each worker), retried as a
+        request is (:data:`RETRYABLE_STATUSES`, connection errors, ``Retry-After``) within the
+        deadline: the JSON body.
+
+        Raises:
+            RemoteError: Unreachable (status None), a final 4xx / 5xx, or a body that is not JSON.
+        """
+        deadline = time.monotonic() + self.deadline_s
+        rng = random.Random()
+        with httpx.Client(headers=self.headers(), verify=self.verify(),
+                          timeout=self.request_timeout_s) as client:
+            for attempt in range(self.max_attempts):
+                wait = rng.uniform(0.0, min(self.backoff_cap_s, self.backoff_base_s * 2 ** attempt))
+                try:
+                    response = client.get(f"{self.url}{path}")
+                except httpx.HTTPError as exc:
+                    failure = RemoteError(f"{self.url} is unreachable: {type(exc).__name__}: {exc}")
+                else:
+                    if response.status_code not in RETRYABLE_STATUSES:
+                        return _json_of(response, path)
+                    failure = RemoteError(f"{path}: HTTP {response.status_code}: "
+                                          f"{response.text[:_BODY_CHARS]}", response.status_code)
+                    wait = max(wait, retry_after_seconds(response.headers.get("retry-after")) or 0.0)
+                if attempt + 1 == self.max_attempts or time.monotonic() + wait >= deadline:
+                    break
+                time.sleep(wait)
+        raise failure
+
+
+def _json_of(response: httpx.Response, path: str) -> Any:
+    if response.status_code >= 400:
+        raise RemoteError(f"{path}: HTTP {response.status_code}: {response.text[:_BODY_CHARS]}",
+                          response.status_code)
+    try:
+        return response.json()
+    except ValueError:
+        raise RemoteError(f"{path}: HTTP {response.status_code} with a body that is not JSON: "
+                          f"{response.text[:_BODY_CHARS]!r}", response.status_code) from None
+
+
+@dataclass
+class SessionStats:
+    """Counts of one session (a worker's calls to one server).
+
+    Attributes:
+        requests: Attempts sent.
+        retries: Attempts after the first of a request.
+        failures: Requests that failed for good, by HTTP status (0: no answer).
+        throttled_s: Seconds requests waited before a retry because a ``Retry-After`` asked.
+    """
+
+    requests: int = 0
+    retries: int = 0
+    throttled_s: float = 0.0
+    failures: dict[int, int] | None = None
+
+    def fail(self, status: int | None) -> None:
+        self.failures = self.failures or {}
+        self.failures[status or 0] = self.failures.get(status or 0, 0) + 1
+
+
+class RemoteSession:
+    """A worker's connection pool to one server, on its own event loop (see the module docstring).
+
+    Args:
+        endpoint: Where and how.
+        rng: Jitter's random source (tests seed it).
+        transport: httpx transport (tests: ``httpx.MockTransport``); default: the network.
+
+    Raises:
+        ConfigError: The API key cannot be read (from the constructor).
+    """
+
+    def __init__(self, endpoint: RemoteEndpoint, *, rng: random.Random | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.endpoint = endpoint
+        self.stats = SessionStats()
+        self._rng = rng or random.Random()
+        headers = endpoint.headers()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="aisp-remote", daemon=True)
+        self._thread.start()
+        limits = httpx.Limits(max_connections=endpoint.concurrency.maximum,
+                              max_keepalive_connections=endpoint.concurrency.maximum)
+
+        async def make() -> tuple[httpx.AsyncClient, AimdLimiter]:
+            return (httpx.AsyncClient(base_url=endpoint.url, headers=headers, verify=endpoint.verify(),
+                                      limits=limits, timeout=endpoint.request_timeout_s, transport=transport),
+                    AimdLimiter(endpoint.concurrency))
+
+        self._client, self.limiter = self._run(make())
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def gather(self, bodies: Sequence[tuple[str, Any]]) -> list[Any]:
+        """POST each ``(path, JSON body)`` concurrently; wait for all.
+
+        Returns:
+            Per body, in order: the answer's parsed JSON, or the
+            :class:`~pyflink_aisp.errors.RemoteError` /
+            :class:`~pyflink_aisp.errors.RemoteTimeoutError` it failed with (returned, not raised).
+        """
+        async def run_all() -> list[Any]:
+            return list(await asyncio.gather(*(self._post(p, b) for p, b in bodies), return_exceptions=True))
+
+        outcomes = self._run(run_all())
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, RemoteError):
+                raise outcome  # a bug, not the server: fail the batch
+        return outcomes
+
+    async def _post(self, path: str, body: Any) -> Any:
+        """One request with its retries (see the module docstring).
+
+        Raises:
+            RemoteError: A final 4xx / 5xx, a body that is not JSON, or every attempt failed.
+            RemoteTimeoutError: The deadline passed first.
+        """
+        endpoint = self.endpoint
+        start = time.monotonic()
+        deadline = start + endpoint.deadline_s
+        last, status, attempts = "no attempt", None, 0
+        while attempts < endpoint.max_attempts:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            began = await self.limiter.acquire()
+            self.stats.requests += 1
+            self.stats.retries += attempts > 0
+            attempts += 1
+            retry_after = None
+            timeout = min(endpoint.request_timeout_s, max(deadline - time.monotonic(), 0.001))
+            try:
+                response = await self._client.post(path, json=body, timeout=timeout)
+            except httpx.TimeoutException as exc:
+                self.limiter.release(began, overloaded=True)
+                last, status = f"timed out after {timeout:.1f} s ({type(exc).__name__})", None
+            except httpx.TransportError as exc:
+                self.limiter.release(began, overloaded=False)
+                last, status = f"{type(exc).__name__}: {exc}", None
+            else:
+                status = response.status_code
+                retry_after = retry_after_seconds(response.headers.get("retry-after"))
+                self.limiter.release(began, overloaded=status in _OVERLOAD_STATUSES,
+                                     retry_after_s=retry_after)
+                if status not in RETRYABLE_STATUSES:
+                    try:
+                        return _json_of(response, path)
+                    except RemoteError:
+                        self.stats.fail(status)
+                        raise
+                last = f"HTTP {status}: {response.text[:_BODY_CHARS]}"
+            if attempts == endpoint.max_attempts:
+                break
+            cap = min(endpoint.backoff_cap_s, endpoint.backoff_base_s * 2 ** (attempts - 1))
+            wait = max(self._rng.uniform(0.0, cap), retry_after or 0.0)
+            if time.monotonic() + wait >= deadline:
+                break  # the next attempt would start past the deadline
+            if retry_after:
+                self.stats.throttled_s += wait
+            await asyncio.sleep(wait)
+        self.stats.fail(status)
+        spent = time.monotonic() - start
+        if attempts == endpoint.max_attempts:
+            raise RemoteError(f"{path}: {attempts} attempts failed in {spent:.1f} s; last: {last}", status)
+        raise RemoteTimeoutError(f"{path}: no answer within the {endpoint.deadline_s:g} s deadline "
+                                 f"({attempts} attempts, {spent:.1f} s); last: {last}", status)
+
+    def close(self) -> None:
+        """Close the connection pool and stop the loop (idempotent)."""
+        if self._loop.is_closed():
+            return
+        self._run(self._client.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()

@@ -1,0 +1,280 @@
+"""A numeric model behind an Open Inference Protocol v2 server (KServe, Triton, MLServer), over REST.
+
+The protocol ("KServe v2", https://github.com/kserve/open-inference-protocol, REST binding):
+``GET /v2/models/{name}[/versions/{v}]`` gives the model's inputs and outputs (name,
+datatype, shape with -1 for a variable dimension); ``POST .../infer`` takes
+``{"inputs": [{"name", "shape", "datatype", "data"}]}`` with the data flattened in row-major
+order and answers ``{"outputs": [...]}`` alike. The handler sends each model batch as
+requests of at most ``rows_per_request`` rows, one ``(k, n_features)`` tensor each, all in
+flight at once (a V2 tensor batches rows, so one request carries many records), and reads
+every output the metadata declares into a field, typed as the in-process
+:class:`~pyflink_aisp.inference.handlers.OnnxPredictorHandler` types an ONNX output:
+
+================================  ==============
+V2 output (per row)               SQL type
+================================  ==============
+FP16/FP32/FP64 ``[-1]``/``[-1,1]``  DOUBLE
+INT8..INT64, UINT8..UINT64 ``[-1]``  BIGINT
+BOOL ``[-1]``                     BOOLEAN
+BYTES ``[-1]``                    STRING
+FP16/FP32 ``[-1, k]``             ARRAY<FLOAT>
+FP64 ``[-1, k]``                  ARRAY<DOUBLE>
+BYTES ``[-1, k]``                 ARRAY<STRING>
+================================  ==============
+
+A request that fails (see :mod:`._client`) fails its rows alone, as ``remote_error`` or
+``remote_timeout`` dead letters; nothing is sent twice by the batcher (the handler returns
+the error in those rows' places instead of raising).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pyflink_aisp.errors import ConfigError, ModelError, RemoteError
+from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
+from pyflink_aisp.inference.handlers._onnx_predictor import output_field_name
+from pyflink_aisp.inference.handlers.remote._client import RemoteEndpoint, RemoteSession
+from pyflink_aisp.inference.tasks import OutputField, PredictionTask, SqlType
+
+__all__ = ["V2Model", "V2PredictorHandler"]
+
+_FLOATS = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
+_INTS = {f"{s}INT{b}": np.dtype(f"{s.lower()}int{b}") for s in ("", "U") for b in (8, 16, 32, 64)}
+_SCALAR = {**dict.fromkeys(_FLOATS, SqlType.DOUBLE), **dict.fromkeys(_INTS, SqlType.BIGINT),
+           "BOOL": SqlType.BOOLEAN, "BYTES": SqlType.STRING}
+_VECTOR = {"FP16": SqlType.ARRAY_FLOAT, "FP32": SqlType.ARRAY_FLOAT, "FP64": SqlType.ARRAY_DOUBLE,
+           "BYTES": SqlType.ARRAY_STRING}
+
+
+def _field(model: str, spec: dict[str, Any]) -> tuple[str, OutputField]:
+    """``(output name, field)`` of one output of the metadata (the module docstring's table).
+
+    Raises:
+        ModelError: A datatype or rank no SQL field takes.
+    """
+    name, kind, shape = spec.get("name"), spec.get("datatype"), spec.get("shape") or []
+    scalar = len(shape) == 1 or (len(shape) == 2 and shape[1] == 1 and kind in _FLOATS)
+    kind = kind if isinstance(kind, str) else ""
+    sql_type = _SCALAR.get(kind) if scalar else (_VECTOR.get(kind) if len(shape) == 2 else None)
+    if not isinstance(name, str) or sql_type is None:
+        raise ModelError(f"output {name!r} of remote model {model} is {kind} of shape {shape}: no SQL field "
+                         "takes it (see pyflink_aisp.inference.handlers.remote's table)")
+    return name, OutputField(name=output_field_name(name), sql_type=sql_type)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the metadata says: the one float input and the outputs."""
+
+    input_name: str
+    datatype: str
+    n_features: int | None
+    outputs: tuple[tuple[str, OutputField], ...]
+
+
+def _plan(model: str, metadata: Any) -> _Plan:
+    """Read the model metadata.
+
+    Raises:
+        ModelError: Not V2 metadata, not one float ``[-1, n]`` input, or an output no field takes.
+    """
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("inputs"), list) or not isinstance(
+            metadata.get("outputs"), list):
+        raise ModelError(f"remote model {model}: the metadata has no inputs and outputs: is the URL an Open "
+                         f"Inference Protocol v2 server? got {str(metadata)[:200]!r}")
+    inputs = metadata["inputs"]
+    if len(inputs) != 1 or inputs[0].get("datatype") not in _FLOATS or len(inputs[0].get("shape") or []) != 2:
+        raise ModelError(f"remote model {model} takes {inputs}: a numeric model takes one float tensor "
+                         "[-1, n_features]")
+    width = inputs[0]["shape"][1]
+    outputs = tuple(_field(model, spec) for spec in metadata["outputs"])
+    names = [f.name for _, f in outputs]
+    if not names or len(set(names)) != len(names):
+        raise ModelError(f"remote model {model} gives the output fields {names}: need one or more, unique")
+    return _Plan(inputs[0]["name"], inputs[0]["datatype"],
+                 width if isinstance(width, int) and width > 0 else None,
+                 outputs)
+
+
+@dataclass(eq=False)
+class V2Model:
+    """A worker's connection to the served model.
+
+    Attributes:
+        session: The connection pool, limiter and retries.
+        plan: The metadata read at load.
+    """
+
+    session: RemoteSession
+    plan: _Plan
+
+    def stack(self, examples: Sequence[Any]) -> npt.NDArray[Any]:
+        """``k`` feature vectors → ``(k, n_features)`` of the input's dtype.
+
+        Raises:
+            ValueError: A vector that is not one-dimensional numbers of the model's width.
+        """
+        dtype = _FLOATS[self.plan.datatype]
+        rows = [np.asarray(x, dtype=dtype) for x in examples]
+        for row in rows:
+            if row.ndim != 1 or (self.plan.n_features is not None and row.shape[0] != self.plan.n_features):
+                raise ValueError(f"expected a ({self.plan.n_features or 'n'},) feature vector, "
+                                 f"got shape {row.shape}")
+        return np.stack(rows) if rows else np.zeros((0, self.plan.n_features or 0), dtype=dtype)
+
+
+class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
+    """A numeric model served over the Open Inference Protocol v2 (see the module docstring).
+
+    Examples are ``(n_features,)`` number sequences; predictions ``{field name: value}``
+    rendered by the :class:`~pyflink_aisp.inference.tasks.PredictionTask` of :meth:`task`.
+    The model version is ``v2:{model}`` or ``v2:{model}/{version}``.
+
+    Args:
+        url: The server's base URL (``http://host:8000`` for Triton, the predictor's URL for
+            KServe).
+        model: The model's name on the server.
+        version: A model version, or None for the server's choice.
+        rows_per_request: Most rows in one request's tensor (>= 1).
+        api_key_env / api_key_file / ca_file / request_timeout_s / deadline_s / max_attempts /
+        concurrency: As :class:`~pyflink_aisp.inference.handlers.remote.RemoteEndpoint`.
+
+    Raises:
+        ConfigError: A bad URL, timing, key source or ``rows_per_request``.
+    """
+
+    def __init__(self, *, url: str, model: str, version: str | None = None, rows_per_request: int = 64,
+                 **endpoint: Any) -> None:
+        if not model or "/" in model:
+            raise ConfigError(f"a remote model name must be non-empty without '/', got {model!r}")
+        if rows_per_request < 1:
+            raise ConfigError(f"rows_per_request must be >= 1, got {rows_per_request}")
+        self.endpoint = RemoteEndpoint(url=url, **endpoint)
+        self.model, self.version, self.rows_per_request = model, version, rows_per_request
+        self._plan: _Plan | None = None
+
+    @property
+    def _path(self) -> str:
+        return f"/v2/models/{self.model}" + (f"/versions/{self.version}" if self.version else "")
+
+    def check(self) -> _Plan:
+        """The health check a job runs before it starts: the server answers and serves the
+        model with a numeric input (read once, then kept).
+
+        Raises:
+            RemoteError: Unreachable, or the model is unknown (HTTP 404) or refused.
+            ModelError: The answer is not V2 metadata or the model is not numeric.
+        """
+        if self._plan is None:
+            try:
+                metadata = self.endpoint.get_json(self._path)
+            except RemoteError as exc:
+                if exc.status == 404:
+                    raise RemoteError(f"{self.endpoint.url} serves no model {self.model!r}"
+                                      f"{f' version {self.version}' if self.version else ''} (HTTP 404 on "
+                                      f"{self._path})", 404) from None
+                raise
+            self._plan = _plan(self.model, metadata)
+        return self._plan
+
+    def task(self, *, with_embedding: bool = False) -> PredictionTask:
+        """One field per output the server's metadata declares (see :meth:`check`)."""
+        return PredictionTask(outputs=tuple(f for _, f in self.check().outputs))
+
+    def model_version(self) -> str:
+        return f"v2:{self.model}" + (f"/{self.version}" if self.version else "")
+
+    def load_model(self) -> V2Model:
+        """Open the worker's connection pool after checking the model.
+
+        Raises:
+            RemoteError / ModelError: As :meth:`check`.
+            ConfigError: The API key cannot be read on this worker.
+        """
+        declared = self.check()  # read where the job was built (the task's fields) ...
+        self._plan = None
+        plan = self.check()  # ... and again from this worker: the same server, the same model
+        if plan != declared:
+            now, was = [f.name for _, f in plan.outputs], [f.name for _, f in declared.outputs]
+            raise ModelError(f"remote model {self.model} changed since the job was built: it now declares "
+                             f"{now} (was {was})")
+        return V2Model(RemoteSession(self.endpoint), plan)
+
+    def release_model(self, model: V2Model) -> None:
+        model.session.close()
+
+    def prepare_batch(self, batch: Sequence[Any], model: V2Model) -> Prepared:
+        """Stack the submitted batch once: payload ``(n, n_features)``, every length 1.
+
+        Raises:
+            ValueError: A vector of another width (the runtime prepares smaller parts).
+        """
+        matrix = model.stack(as_list(batch))
+        return Prepared(matrix, np.ones(matrix.shape[0], dtype=np.int64))
+
+    def run_prepared(self, prepared: Prepared, rows: npt.NDArray[np.intp], model: V2Model) -> list[Any]:
+        return self._infer(prepared.payload[rows], model)
+
+    def run_inference(self, batch: Sequence[Any], model: V2Model) -> list[Any]:
+        return self._infer(model.stack(list(batch)), model)
+
+    def _infer(self, matrix: npt.NDArray[Any], model: V2Model) -> list[Any]:
+        """``k`` predictions or, for the rows of a failed request, its error."""
+        plan, k, step = model.plan, matrix.shape[0], self.rows_per_request
+        parts = [matrix[i:i + step] for i in range(0, k, step)]
+        bodies = [(f"{self._path}/infer", {
+            "inputs": [{"name": plan.input_name, "shape": list(part.shape), "datatype": plan.datatype,
+                        "data": part.ravel().tolist()}],
+            "outputs": [{"name": name} for name, _ in plan.outputs]}) for part in parts]
+        results: list[Any] = []
+        for part, answer in zip(parts, model.session.gather(bodies), strict=True):
+            if isinstance(answer, RemoteError):
+                results.extend([answer] * part.shape[0])
+                continue
+            try:
+                results.extend(_rows(self.model, plan, answer, part.shape[0]))
+            except RemoteError as exc:
+                results.extend([exc] * part.shape[0])
+        return results
+
+    def batch_byte_size(self, batch: Sequence[Any]) -> int:
+        return sum(4 * len(x) for x in batch)
+
+
+def _rows(model: str, plan: _Plan, answer: Any, k: int) -> list[dict[str, Any]]:
+    """The ``k`` predictions of one infer answer.
+
+    Raises:
+        RemoteError: The answer lacks an output or has the wrong shape or data (status None).
+    """
+    outputs = {o.get("name"): o for o in answer.get("outputs", [])} if isinstance(answer, dict) else {}
+    columns = []
+    for name, field in plan.outputs:
+        out = outputs.get(name)
+        if out is None or not isinstance(out.get("data"), list):
+            raise RemoteError(f"remote model {model}: the answer has no output {name!r} "
+                              f"(got {sorted(map(str, outputs))})")
+        shape = [int(d) for d in out.get("shape") or []]
+        data = out["data"]
+        if not shape or shape[0] != k or math.prod(shape) != len(data):
+            raise RemoteError(f"remote model {model}: output {name!r} has shape {shape} with {len(data)} "
+                              f"values for {k} rows")
+        if field.sql_type in (SqlType.STRING, SqlType.ARRAY_STRING):
+            values = np.array(data, dtype=object).reshape(shape)
+        elif out.get("datatype") == "BOOL":
+            values = np.array(data, dtype=bool).reshape(shape)
+        else:
+            values = np.array(data, dtype=_FLOATS.get(out.get("datatype"), np.float64)).reshape(shape)
+            if field.sql_type is SqlType.BIGINT:
+                values = values.astype(np.int64)
+        if field.sql_type is SqlType.DOUBLE and values.ndim == 2:
+            values = values[:, 0]
+        columns.append((field, values))
+    return [{f.name: v[i] for f, v in columns} for i in range(k)]

@@ -1,0 +1,144 @@
+"""The V2 handler's requests and answers (httpx.MockTransport as the server; the real KServe
+server is in tests/integration/remote): metadata → fields, batches → tensors of at most
+rows_per_request rows, a failed request fails its rows alone, in order."""
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from pyflink_aisp.errors import ConfigError, ModelError, RemoteError
+from pyflink_aisp.inference import BatchingConfig, ModelRuntime
+from pyflink_aisp.inference.handlers.remote import RemoteEndpoint, RemoteSession, V2Model, V2PredictorHandler
+from pyflink_aisp.inference.handlers.remote._v2 import _plan
+from pyflink_aisp.inference.tasks import SqlType
+
+META = {"name": "risk", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
+        "outputs": [{"name": "Label", "datatype": "INT64", "shape": [-1]},
+                    {"name": "probabilities", "datatype": "FP32", "shape": [-1, 2]},
+                    {"name": "variable", "datatype": "FP32", "shape": [-1, 1]}]}
+
+
+def _server(requests, fail_when=lambda rows: False):
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        requests.append(body)
+        [tensor] = body["inputs"]
+        x = np.array(tensor["data"], dtype=np.float32).reshape(tensor["shape"])
+        if fail_when(x):
+            return httpx.Response(400, text="bad tensor")
+        k = x.shape[0]
+        probs = np.stack([1 - x[:, 0] / 10, x[:, 0] / 10], axis=1)
+        return httpx.Response(200, json={"model_name": "risk", "outputs": [
+            {"name": "Label", "datatype": "INT64", "shape": [k], "data": (x[:, 0] > 5).astype(int).tolist()},
+            {"name": "probabilities", "datatype": "FP32", "shape": [k, 2], "data": probs.ravel().tolist()},
+            {"name": "variable", "datatype": "FP32", "shape": [k, 1], "data": x.sum(axis=1).tolist()}]})
+    return answer
+
+
+def _model(handler, transport) -> V2Model:
+    session = RemoteSession(handler.endpoint, transport=httpx.MockTransport(transport))
+    return V2Model(session, _plan("risk", META))
+
+
+def test_metadata_outputs_become_typed_fields() -> None:
+    plan = _plan("risk", META)
+    assert [(f.name, f.sql_type) for _, f in plan.outputs] == [
+        ("label", SqlType.BIGINT), ("probabilities", SqlType.ARRAY_FLOAT), ("variable", SqlType.DOUBLE)]
+    assert (plan.input_name, plan.datatype, plan.n_features) == ("x", "FP32", 3)
+
+
+@pytest.mark.parametrize(("metadata", "message"), [
+    ({"error": "Model not found"}, "Open Inference Protocol v2 server"),
+    ({**META, "inputs": [{"name": "ids", "datatype": "INT64", "shape": [-1, -1]}]}, "one float tensor"),
+    ({**META, "outputs": [{"name": "mask", "datatype": "BOOL", "shape": [-1, 4]}]}, "no SQL field takes it"),
+    ({**META, "outputs": []}, "need one or more"),
+])
+def test_metadata_that_is_not_a_numeric_v2_model_is_refused(metadata, message) -> None:
+    with pytest.raises(ModelError, match=message):
+        _plan("risk", metadata)
+
+
+def test_a_batch_goes_as_tensors_of_rows_per_request_in_order() -> None:
+    handler = V2PredictorHandler(url="http://s", model="risk", rows_per_request=4)
+    requests: list = []
+    model = _model(handler, _server(requests))
+    try:
+        x = np.arange(30, dtype=np.float32).reshape(10, 3) / 3
+        out = handler.run_inference(list(x), model)
+    finally:
+        handler.release_model(model)
+    assert [r["inputs"][0]["shape"] for r in requests] == [[4, 3], [4, 3], [2, 3]]
+    wanted = [{"name": "Label"}, {"name": "probabilities"}, {"name": "variable"}]
+    assert [r["outputs"] for r in requests] == [wanted] * 3
+    assert [int(p["label"]) for p in out] == [int(v > 5) for v in x[:, 0]]
+    np.testing.assert_allclose([p["variable"] for p in out], x.sum(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(np.stack([p["probabilities"] for p in out])[:, 1], x[:, 0] / 10, rtol=1e-6)
+
+
+def test_a_refused_request_fails_its_rows_alone_and_is_not_sent_again() -> None:
+    handler = V2PredictorHandler(url="http://s", model="risk", rows_per_request=2)
+    requests: list = []
+    model = _model(handler, _server(requests, fail_when=lambda x: bool((x[:, 0] == 99).any())))
+    try:
+        x = np.ones((6, 3), dtype=np.float32)
+        x[3, 0] = 99  # in the second request (rows 2, 3)
+        out = handler.run_inference(list(x), model)
+    finally:
+        handler.release_model(model)
+    assert len(requests) == 3  # one per request: the batcher does not bisect a returned error
+    assert [isinstance(p, RemoteError) for p in out] == [False, False, True, True, False, False]
+    assert out[2].status == 400 and "bad tensor" in str(out[2])
+
+
+def test_the_runtime_dead_letters_returned_errors_without_bisecting() -> None:
+    handler = V2PredictorHandler(url="http://s", model="risk", rows_per_request=2)
+    requests: list = []
+    transport = _server(requests, fail_when=lambda x: bool((x[:, 0] == 99).any()))
+    handler._plan = _plan("risk", META)  # the metadata the job's client read
+    handler.load_model = lambda: _model(handler, transport)  # type: ignore[method-assign]
+    runtime = ModelRuntime(handler, BatchingConfig(max_batch_size=64, max_wait_ms=1), None)
+    try:
+        x = np.ones((8, 3), dtype=np.float32)
+        x[5, 0] = 99
+        outcomes = runtime.infer_batch(list(x))
+    finally:
+        runtime.release()
+    assert [type(o).__name__ for o in outcomes] == ["Inferred"] * 4 + ["RemoteError"] * 2 + ["Inferred"] * 2
+    assert all(o.model_version == "v2:risk" for o in outcomes if not isinstance(o, RemoteError))
+    assert len(requests) == 4
+
+
+def test_an_answer_of_the_wrong_shape_is_a_remote_error_of_its_rows() -> None:
+    def short(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"outputs": [{"name": "Label", "shape": [1], "data": [1]}]})
+
+    handler = V2PredictorHandler(url="http://s", model="risk")
+    model = _model(handler, short)
+    try:
+        out = handler.run_inference([[1, 2, 3], [4, 5, 6]], model)
+    finally:
+        handler.release_model(model)
+    assert all(isinstance(p, RemoteError) for p in out)
+    assert "output 'Label' has shape [1] with 1 values for 2 rows" in str(out[0])
+
+
+def test_a_vector_of_another_width_fails_before_any_request() -> None:
+    handler = V2PredictorHandler(url="http://s", model="risk")
+    requests: list = []
+    model = _model(handler, _server(requests))
+    try:
+        with pytest.raises(ValueError, match=r"expected a \(3,\) feature vector"):
+            handler.prepare_batch([[1.0, 2.0]], model)
+    finally:
+        handler.release_model(model)
+    assert requests == []
+
+
+def test_the_health_check_names_an_unreachable_server_and_an_unknown_model() -> None:
+    with pytest.raises(RemoteError, match=r"127\.0\.0\.1:9 is unreachable"):
+        V2PredictorHandler(url="http://127.0.0.1:9", model="risk", request_timeout_s=2.0).task()
+    with pytest.raises(ConfigError, match="without '/'"):
+        V2PredictorHandler(url="http://s", model="a/b")
+    assert RemoteEndpoint(url="http://s/").url == "http://s"
