@@ -182,6 +182,31 @@ class InferenceOptions:
         'fields (ModelHandler.task).', job_param='aisp.handler', nullable=True)
     handler_args: str | None = opt(None, M, 'Keyword arguments of --handler, a JSON object.',
         job_param='aisp.handler.args', nullable=True)
+    remote_url: str | None = opt(None, M, 'A numeric model on an Open Inference Protocol v2 server (KServe, '
+        'Triton, MLServer) instead of an in-process one, on the feature vectors of --feature-fields: its '
+        'base URL (http:// or https://, no credentials in it); the job writes one field per output of the '
+        "model's metadata.", job_param='aisp.remote.url', nullable=True)
+    remote_model: str | None = opt(None, M, 'The model name on the --remote-url server.',
+        job_param='aisp.remote.model', nullable=True)
+    remote_model_version: str | None = opt(None, M, "The model version on the server (none: the server's "
+        'choice).', job_param='aisp.remote.model-version', nullable=True)
+    remote_api_key_env: str | None = opt(None, M, 'Environment variable on the workers holding the API key '
+        '(sent as Authorization: Bearer; never logged or written).', job_param='aisp.remote.api-key-env',
+        nullable=True)
+    remote_api_key_file: Path | None = opt(None, M, 'File on the workers holding the API key (its first '
+        'line).', job_param='aisp.remote.api-key-file', nullable=True)
+    remote_ca_file: Path | None = opt(None, M, "PEM bundle to verify the server's TLS certificate against "
+        "(default: the system's).", job_param='aisp.remote.ca-file', nullable=True)
+    remote_rows_per_request: int = opt(64, M, 'Most records in one request (one V2 tensor).',
+        unit='records', job_param='aisp.remote.rows-per-request', minimum=1)
+    remote_max_concurrency: int = opt(64, M, 'Most requests in flight per worker: the adaptive limit '
+        '(AIMD) grows towards it while answers come and halves on 429 / 503 / timeouts.',
+        unit='requests', job_param='aisp.remote.max-concurrency', minimum=1)
+    remote_deadline_s: float = opt(30.0, M, 'Longest one request may take, retries with backoff included; '
+        'its records are then remote_timeout dead letters.', unit='s', job_param='aisp.remote.deadline-s',
+        minimum=0.001)
+    remote_request_timeout_s: float = opt(10.0, M, 'Longest one attempt may take.', unit='s',
+        job_param='aisp.remote.request-timeout-s', minimum=0.001)
     stats_dir: Path | None = opt(None, M, 'SQL functions: directory where each worker writes its batch '
         'statistics as JSON.', job_param='aisp.stats.dir', nullable=True)
     arrow_batch_size: int = opt(1024, W, 'python.fn-execution.arrow.batch.size: most records per Arrow '
@@ -214,7 +239,8 @@ class InferenceOptions:
             raise ConfigError("--classifier runs on ONNX Runtime instead of the sentiment model: "
                               "--encoder-onnx and --runtime torch do not go with it")
         named = (("--encoder-onnx", self.encoder_onnx), ("--classifier", self.classifier),
-                 ("--predictor", self.predictor), ("--handler", self.handler))
+                 ("--predictor", self.predictor), ("--handler", self.handler),
+                 ("--remote-url", self.remote_url))
         chosen = [flag for flag, value in named if value is not None]
         if len(chosen) > 1 or (chosen and torch):
             both = " and ".join(chosen + (["--runtime torch"] if torch else []))
@@ -226,6 +252,7 @@ class InferenceOptions:
             if self.handler is None:
                 raise ConfigError("--handler-args applies to --handler only")
             self.handler_kwargs()
+        self._check_remote()
         if self.top_k and self.classifier is None:
             raise ConfigError("--top-k applies to --classifier only")
         if self.precision is not Precision.FP32 and self.runtime is not InferenceRuntime.TORCH:
@@ -235,6 +262,27 @@ class InferenceOptions:
         if self.runtime is InferenceRuntime.TORCH and self.model_pointer is not None:
             raise ConfigError("--model-pointer (hot swap) needs --runtime onnx: the torch handler "
                               "cannot swap")
+
+    def _check_remote(self) -> None:
+        """``--remote-*`` go with ``--remote-url`` and ``--remote-model``; no credentials in the URL."""
+        remote = [o.flag for o in options_of(InferenceOptions) if o.name.startswith("remote_")
+                  and o.name not in ("remote_url", "remote_model") and getattr(self, o.name) != o.default]
+        if self.remote_url is None:
+            if self.remote_model is not None or remote:
+                flags = ["--remote-model"] * (self.remote_model is not None) + remote
+                raise ConfigError(f"{', '.join(flags)} apply to --remote-url only")
+            return
+        if self.remote_model is None:
+            raise ConfigError("--remote-url needs --remote-model (the model's name on the server)")
+        if "@" in self.remote_url.split("//", 1)[-1].split("/", 1)[0]:
+            raise ConfigError("--remote-url must not carry credentials (user:password@): give the key by "
+                              "--remote-api-key-env or --remote-api-key-file")
+        if self.remote_request_timeout_s > self.remote_deadline_s:
+            raise ConfigError(f"--remote-request-timeout-s ({self.remote_request_timeout_s:g}) must not "
+                              f"exceed --remote-deadline-s ({self.remote_deadline_s:g})")
+        if self.model_pointer is not None:
+            raise ConfigError("--model-pointer (hot swap) is for in-process models: a remote model is "
+                              "swapped on its server")
 
     # -- derived configs -----------------------------------------------------------------
 
@@ -505,9 +553,9 @@ class PipelineOptions(InferenceOptions):
         except ConfigError as exc:
             raise ConfigError(f"--value-format / --text-field / --text-pair-field / --id-field / "
                               f"--keep-fields / --feature-fields / --schema-registry-url: {exc}") from None
-        if (self.predictor is not None) != bool(self.feature_fields):
-            raise ConfigError("--predictor reads the feature vectors of --feature-fields: give both, or "
-                              "neither")
+        if (self.predictor is not None or self.remote_url is not None) != bool(self.feature_fields):
+            raise ConfigError("--predictor and --remote-url read the feature vectors of --feature-fields: "
+                              "give both, or neither")
         if self.feature_fields and self.operator is Runner.ASYNC:
             raise ConfigError("--feature-fields runs on --operator arrow (the default): the async operator "
                               "carries texts")

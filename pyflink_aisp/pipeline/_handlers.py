@@ -15,11 +15,12 @@ from pyflink_aisp.inference.handlers import (
     SentimentHandler,
     TorchSentimentHandler,
 )
+from pyflink_aisp.inference.handlers.remote import LimiterConfig, V2PredictorHandler
 from pyflink_aisp.models import ensure_model_assets, load_model_assets
 from pyflink_aisp.pipeline._config import InferenceOptions
 from pyflink_aisp.pipeline._options import GpuProvider, InferenceRuntime
 
-__all__ = ["handler_for", "model_assets", "onnx_providers", "user_handler"]
+__all__ = ["handler_for", "model_assets", "onnx_providers", "remote_handler", "user_handler"]
 
 
 def model_assets(options: InferenceOptions) -> Any:
@@ -75,11 +76,28 @@ def user_handler(path: str, kwargs: dict[str, Any]) -> ModelHandler[Any, Any, An
     return handler
 
 
+def remote_handler(options: InferenceOptions) -> V2PredictorHandler:
+    """The Open Inference Protocol v2 handler of ``--remote-url`` and the ``--remote-*`` options.
+
+    Raises:
+        ConfigError: Bad endpoint options.
+    """
+    assert options.remote_url is not None and options.remote_model is not None  # checked by the options
+    concurrency = LimiterConfig(initial=min(4, options.remote_max_concurrency),
+                                maximum=options.remote_max_concurrency)
+    return V2PredictorHandler(
+        url=options.remote_url, model=options.remote_model, version=options.remote_model_version,
+        rows_per_request=options.remote_rows_per_request, api_key_env=options.remote_api_key_env,
+        api_key_file=options.remote_api_key_file, ca_file=options.remote_ca_file,
+        request_timeout_s=options.remote_request_timeout_s, deadline_s=options.remote_deadline_s,
+        concurrency=concurrency)
+
+
 def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
     """The handler the options name: the sentiment model on ONNX Runtime or PyTorch
     (``runtime``) on ``device``, the generic ONNX encoder of ``encoder_onnx`` +
     ``encoder_tokenizer``, the sequence classifier of ``classifier``, the numeric model of
-    ``predictor``, or the user's ``handler``.
+    ``predictor``, the V2 server's model of ``remote_url``, or the user's ``handler``.
 
     Raises:
         ModelError: The sentiment assets cannot be found or built, or the classifier
@@ -88,6 +106,8 @@ def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
     """
     if options.handler is not None:
         return user_handler(options.handler, options.handler_kwargs())
+    if options.remote_url is not None:
+        return remote_handler(options)
     threads = options.intra_op_threads or None
     providers, device_id = onnx_providers(options)
     if options.predictor is not None:

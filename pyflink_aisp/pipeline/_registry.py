@@ -17,6 +17,10 @@ The file::
         path: minilm/model.onnx
         tokenizer: minilm/tokenizer.json
         encoder-normalize: true
+      fraud:                      # a numeric model on an Open Inference Protocol v2 server
+        task: predict
+        remote-url: http://triton:8000
+        remote-model: fraud
       lexicon:
         task: handler
         class: lexicon_handler:LexiconHandler   # importable on the workers
@@ -25,10 +29,10 @@ The file::
 What each task's ``path`` is: ``classify`` a HF sequence-classification directory
 (``--classifier``), ``embed`` an ONNX encoder file with its ``tokenizer``
 (``--encoder-onnx``, ``--encoder-tokenizer``), ``predict`` a numeric ONNX model
-(``--predictor``), ``sentiment`` the project's model directory (optional: the cached
-build). Every other key is an option of the model, batching or worker group
-(``docs/options.md``) by its flag's name without ``--``; options of the job (topics,
-checkpoints) are the job's, not a model's.
+(``--predictor``; or none, with ``remote-url`` and ``remote-model``), ``sentiment`` the
+project's model directory (optional: the cached build). Every other key is an option of the
+model, batching or worker group (``docs/options.md``) by its flag's name without ``--``;
+options of the job (topics, checkpoints) are the job's, not a model's.
 """
 
 from __future__ import annotations
@@ -117,7 +121,7 @@ class RegisteredModel:
     def source(self) -> str:
         """Where the model is: its path, or the handler class."""
         o = self.options
-        found = o.handler or o.predictor or o.classifier or o.encoder_onnx or o.model_dir
+        found = o.handler or o.remote_url or o.predictor or o.classifier or o.encoder_onnx or o.model_dir
         return str(found) if found is not None else "the cached sentiment build"
 
     def overrides(self) -> dict[str, Any]:
@@ -188,7 +192,8 @@ def _entry(name: str, entry: Any, base_dir: Path, where: str) -> RegisteredModel
     if task is ModelTask.CLASSIFY:
         values["classifier"] = path("path")
     elif task is ModelTask.PREDICT:
-        values["predictor"] = path("path")
+        # a numeric model on a V2 server is named by remote-url and remote-model instead of a path
+        values["predictor"] = path("path", required="remote-url" not in entry)
     elif task is ModelTask.EMBED:
         values["encoder_onnx"], values["encoder_tokenizer"] = path("path"), path("tokenizer")
     elif task is ModelTask.SENTIMENT:

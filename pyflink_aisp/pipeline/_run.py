@@ -62,6 +62,9 @@ def model_files(options: PipelineOptions) -> dict[str, str]:
         return {options.handler: handler_for(options).model_version()}
     if options.predictor is not None:
         return {options.predictor.name: file_sha256(options.predictor)}
+    if options.remote_url is not None:  # the server owns the files: the model's URL and version
+        handler = handler_for(options)
+        return {f"{options.remote_url}/v2/models/{options.remote_model}": handler.model_version()}
     if options.encoder_onnx is not None and options.encoder_tokenizer is not None:
         return {options.encoder_onnx.name: file_sha256(options.encoder_onnx),
                 options.encoder_tokenizer.name: file_sha256(options.encoder_tokenizer)}

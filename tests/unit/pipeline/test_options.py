@@ -198,10 +198,12 @@ def test_every_job_parameter_round_trips(tmp_path: Path) -> None:
     params = options.job_parameters()
     # they exclude the encoder: below (each names the model; unset paths are left out)
     classifier = ("classifier", "top_k", "predictor", "handler", "handler_args")
+    remote = tuple(o.name for o in OPTIONS if o.name.startswith("remote_"))  # below, with their model
+    unset_paths = ("classifier", "predictor", "remote_api_key_file", "remote_ca_file")
     assert set(params) == {o.job_param for o in OPTIONS
-                           if o.job_param is not None and o.name not in ("classifier", "predictor")}
+                           if o.job_param is not None and o.name not in unset_paths}
     for opt in OPTIONS:  # every job parameter differs from its default here, so each is exercised
-        if opt.job_param is not None and opt.name not in ("runtime", "precision", *classifier):
+        if opt.job_param is not None and opt.name not in ("runtime", "precision", *classifier, *remote):
             assert getattr(options, opt.name) != opt.default, opt.name
     assert all(isinstance(v, str) for v in params.values())
     assert InferenceOptions.from_job_parameters(get_from(params)) == options
@@ -215,6 +217,36 @@ def test_the_classifier_job_parameters_round_trip(tmp_path: Path) -> None:
     params = options.job_parameters()
     assert (params["aisp.classifier.dir"], params["aisp.classifier.top-k"]) == (str(tmp_path / "intent"), "3")
     assert InferenceOptions.from_job_parameters(get_from(params)) == options
+
+
+def test_the_remote_job_parameters_round_trip(tmp_path: Path) -> None:
+    options = InferenceOptions(
+        remote_url="https://models.example:8443", remote_model="fraud", remote_model_version="3",
+        remote_api_key_env="FRAUD_KEY", remote_ca_file=tmp_path / "ca.pem", remote_rows_per_request=7,
+        remote_max_concurrency=9, remote_deadline_s=12.5, remote_request_timeout_s=2.5)
+    params = options.job_parameters()
+    assert {k: v for k, v in params.items() if k.startswith("aisp.remote.")} == {
+        "aisp.remote.url": "https://models.example:8443", "aisp.remote.model": "fraud",
+        "aisp.remote.model-version": "3", "aisp.remote.api-key-env": "FRAUD_KEY",
+        "aisp.remote.ca-file": str(tmp_path / "ca.pem"), "aisp.remote.rows-per-request": "7",
+        "aisp.remote.max-concurrency": "9", "aisp.remote.deadline-s": "12.5",
+        "aisp.remote.request-timeout-s": "2.5"}
+    assert InferenceOptions.from_job_parameters(get_from(params)) == options
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"remote_url": "http://h:8000"}, "--remote-url needs --remote-model"),
+    ({"remote_model": "m"}, "--remote-model apply to --remote-url only"),
+    ({"remote_deadline_s": 5.0}, "--remote-deadline-s apply to --remote-url only"),
+    ({"remote_url": "http://u:secret@h:8000", "remote_model": "m"}, "must not carry credentials"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_request_timeout_s": 40.0},
+     "must not exceed --remote-deadline-s"),
+    ({"remote_url": "http://h", "remote_model": "m", "predictor": Path("x.onnx")}, "each name the model"),
+])
+def test_remote_options_are_refused_in_one_line(kwargs, message) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        InferenceOptions(**kwargs)
+    assert "secret" not in str(info.value)
 
 
 def test_the_runtime_job_parameter_round_trips() -> None:
@@ -254,6 +286,14 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.classifier.top-k": "0",
         "aisp.handler": "none",
         "aisp.handler.args": "none",
+        "aisp.remote.url": "none",
+        "aisp.remote.model": "none",
+        "aisp.remote.model-version": "none",
+        "aisp.remote.api-key-env": "none",
+        "aisp.remote.rows-per-request": "64",
+        "aisp.remote.max-concurrency": "64",
+        "aisp.remote.deadline-s": "30.0",
+        "aisp.remote.request-timeout-s": "10.0",
     }
     assert InferenceOptions.from_job_parameters(get_from(params)) == InferenceOptions()
 

@@ -12,6 +12,7 @@ import pytest
 
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference.handlers import OnnxClassifierHandler, OnnxEncoderHandler, OnnxPredictorHandler
+from pyflink_aisp.inference.handlers.remote import V2PredictorHandler
 from pyflink_aisp.inference.tasks import SqlType
 from pyflink_aisp.models import build_intent_head
 from pyflink_aisp.pipeline import ModelTask, load_registry, options_from_args, registry_from_env
@@ -106,6 +107,9 @@ def test_entries_become_options_with_paths_relative_to_the_file(tmp_path, head):
     ("models:\n  a: {task: translate, path: .}", "task must be one of classify, embed, predict"),
     ("models:\n  a: {task: predict, path: nope.onnx}", "model a: path .*nope.onnx does not exist"),
     ("models:\n  a: {task: predict}", "task predict needs 'path'"),
+    ("models:\n  a: {task: predict, remote-url: 'http://h:8000'}", "--remote-url needs --remote-model"),
+    ("models:\n  a: {task: predict, path: ., remote-url: 'http://h', remote-model: m}",
+     "each name the model"),
     ("models:\n  a: {task: predict, path: ., input-topic: t}", r"unknown key\(s\) \['input-topic'\]"),
     ("models:\n  a: {task: predict, path: ., max-batch-size: 0}", "model a: max-batch-size must be >= 1"),
     ("models:\n  a: {task: predict, path: ., device: tpu}", "model a: device"),
@@ -132,6 +136,19 @@ def test_the_job_runs_the_named_model_with_its_options(tmp_path, head):
                                  "--model", "risk", "--feature-fields", "/embedding"])
     assert options.predictor == head and options.max_batch_size == 16
     assert isinstance(handler_for(options), OnnxPredictorHandler)
+
+
+def test_a_predict_entry_on_a_v2_server_builds_the_remote_handler(tmp_path):
+    path = _write(tmp_path, "models:\n  fraud: {task: predict, remote-url: 'https://triton:8000', "
+                            "remote-model: fraud, remote-rows-per-request: 8, "
+                            "remote-api-key-env: FRAUD_KEY}\n")
+    options = options_from_args(["--input-topic", "in", "--output-topic", "out", "--models", str(path),
+                                 "--model", "fraud", "--feature-fields", "/features"])
+    handler = handler_for(options)
+    assert isinstance(handler, V2PredictorHandler)
+    assert (handler.endpoint.url, handler.model) == ("https://triton:8000", "fraud")
+    assert handler.rows_per_request == 8
+    assert handler.endpoint.api_key_env == "FRAUD_KEY" and handler.model_version() == "v2:fraud"
 
 
 def test_models_and_model_go_together(tmp_path, head, capsys):
