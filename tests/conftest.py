@@ -11,7 +11,6 @@ import importlib.util
 import itertools
 import os
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -109,45 +108,18 @@ def v2_server(tmp_path_factory: pytest.TempPathFactory):
     """A real KServe ModelServer (tests/servers/kserve_onnx.py, from the venv of ``make servers``)
     serving the intent head (rag-intent-classifier's logistic regression, skl2onnx) as model
     ``intent_head`` over the Open Inference Protocol v2 on a free loopback port: ``(url, onnx path)``."""
-    import subprocess
-
-    import httpx
-
-    from pyflink_aisp.home import aisp_home
-    from pyflink_aisp.local import find_free_port
     from pyflink_aisp.models import build_intent_head
 
-    python = aisp_home() / "servers" / "kserve" / "bin" / "python"
-    if not python.exists():
-        pytest.fail(f"{python} is missing: run `make servers` (make test does)")
+    sys.path.insert(0, str(ROOT / "tests" / "servers"))
+    try:
+        import launch
+    finally:
+        sys.path.pop(0)
     folder = tmp_path_factory.mktemp("v2-server")
     onnx_path = folder / "intent-head.onnx"
     build_intent_head(onnx_path)
-    http_port, grpc_port = find_free_port(), find_free_port()
-    log = (folder / "kserve.log").open("wb")
-    server = subprocess.Popen(
-        [str(python), str(Path(__file__).parent / "servers" / "kserve_onnx.py"),
-         "--http_port", str(http_port), "--grpc_port", str(grpc_port), "--workers", "1",
-         "--onnx", f"intent_head={onnx_path}"],
-        stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{http_port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
-            pytest.fail(f"the KServe server did not start: {(folder / 'kserve.log').read_text()[-2000:]}")
-        time.sleep(0.5)
     try:
-        yield url, onnx_path
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+        with launch.kserve_server({"intent_head": onnx_path}, folder / "kserve.log") as url:
+            yield url, onnx_path
+    except (FileNotFoundError, RuntimeError) as exc:
+        pytest.fail(str(exc))
