@@ -23,7 +23,7 @@ paths; a handler that tokenizes overrides them to tokenize once per batch.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -202,6 +202,11 @@ class ModelHandler(abc.ABC, Generic[ExampleT, PredictionT, ModelT]):
         """Where the model runs, e.g. ``"cpu"`` or ``"cuda:0"`` (reported in metrics;
         never changed behind the user's back). Default ``"cpu"``."""
         return "cpu"
+
+    def metrics(self, model: ModelT) -> dict[str, Callable[[], int]]:
+        """The handler's own gauges over ``model``, ``{name: read}`` (read returns an int), added
+        to the runtime's in the operator's metric group when it opens; default none."""
+        return {}
 
     def release_model(self, model: ModelT) -> None:
         """Free the model's resources (called when the last operator using it closes,

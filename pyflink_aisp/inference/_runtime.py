@@ -254,6 +254,7 @@ class ModelRuntime:
             "modelLoadTimeMs": lambda: round(self.model_load_ms),
             "modelVersion": lambda: version_number(self.model_version),
         }
+        gauges.update(self.handler.metrics(self._model))  # e.g. a remote handler's requests and retries
         for name, read in gauges.items():
             group.gauge(name, read)
         for name, window in (("batchSize", self.batch_sizes), ("batchTokens", self.batch_tokens),

@@ -25,7 +25,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -232,6 +232,23 @@ class RemoteSession:
                     AimdLimiter(endpoint.concurrency))
 
         self._client, self.limiter = self._run(make())
+
+    def gauges(self) -> dict[str, Callable[[], int]]:
+        """Metric gauges of the session: ``remoteRequests`` (attempts sent), ``remoteRetries``,
+        ``remoteFailures4xx`` / ``remoteFailures5xx`` / ``remoteFailuresNoAnswer`` (requests
+        that failed for good), ``remoteThrottledMs`` (waits a ``Retry-After`` asked for, summed),
+        ``remoteConcurrencyLimit`` (the adaptive limit) and ``remoteInflight``."""
+        stats, limiter = self.stats, self.limiter
+
+        def failures(low: int, high: int) -> Callable[[], int]:
+            return lambda: sum(n for s, n in (stats.failures or {}).items() if low <= s < high)
+
+        return {"remoteRequests": lambda: stats.requests, "remoteRetries": lambda: stats.retries,
+                "remoteFailures4xx": failures(400, 500), "remoteFailures5xx": failures(500, 600),
+                "remoteFailuresNoAnswer": failures(0, 1),
+                "remoteThrottledMs": lambda: round((stats.throttled_s + limiter.throttled_s) * 1000),
+                "remoteConcurrencyLimit": lambda: int(limiter.limit),
+                "remoteInflight": lambda: limiter.inflight}
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

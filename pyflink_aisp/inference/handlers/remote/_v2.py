@@ -30,7 +30,7 @@ the error in those rows' places instead of raising).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,6 +209,10 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
 
     def release_model(self, model: V2Model) -> None:
         model.session.close()
+
+    def metrics(self, model: V2Model) -> dict[str, Callable[[], int]]:
+        """The session's gauges (see :meth:`RemoteSession.gauges`)."""
+        return model.session.gauges()
 
     def prepare_batch(self, batch: Sequence[Any], model: V2Model) -> Prepared:
         """Stack the submitted batch once: payload ``(n, n_features)``, every length 1.

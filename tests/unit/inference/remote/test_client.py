@@ -176,3 +176,20 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     assert retry_after_seconds(email.utils.formatdate(now + 30, usegmt=True), now=now) == pytest.approx(30)
     assert retry_after_seconds(email.utils.formatdate(now - 30, usegmt=True), now=now) == 0.0
     assert retry_after_seconds("soon") is None and retry_after_seconds(None) is None
+
+
+def test_the_gauges_count_attempts_retries_failures_and_throttling() -> None:
+    script = Script(httpx.Response(429, headers={"Retry-After": "1"}), httpx.Response(200, json={}),
+                    httpx.Response(404, text="no such model"))
+    session = _session(script, concurrency=LimiterConfig(initial=4, maximum=8))
+    try:
+        session.gather([("/a", {})])  # 429, then 200
+        session.gather([("/b", {})])  # 404
+        gauges = {name: read() for name, read in session.gauges().items()}
+    finally:
+        session.close()
+    assert gauges["remoteRequests"] == 3 and gauges["remoteRetries"] == 1
+    failures = (gauges["remoteFailures4xx"], gauges["remoteFailures5xx"], gauges["remoteFailuresNoAnswer"])
+    assert failures == (1, 0, 0)
+    assert gauges["remoteThrottledMs"] >= 950 and gauges["remoteInflight"] == 0
+    assert gauges["remoteConcurrencyLimit"] == 2  # halved once by the 429

@@ -142,3 +142,28 @@ def test_the_health_check_names_an_unreachable_server_and_an_unknown_model() -> 
     with pytest.raises(ConfigError, match="without '/'"):
         V2PredictorHandler(url="http://s", model="a/b")
     assert RemoteEndpoint(url="http://s/").url == "http://s"
+
+
+def test_the_runtime_registers_the_handlers_remote_gauges() -> None:
+    handler = V2PredictorHandler(url="http://s", model="risk")
+    requests: list = []
+    transport = _server(requests)
+    handler._plan = _plan("risk", META)
+    handler.load_model = lambda: _model(handler, transport)  # type: ignore[method-assign]
+    runtime = ModelRuntime(handler, BatchingConfig(max_batch_size=64, max_wait_ms=1), None)
+
+    class Group:
+        def __init__(self) -> None:
+            self.gauges: dict = {}
+
+        def gauge(self, name, read) -> None:
+            self.gauges[name] = read
+
+    group = Group()
+    try:
+        runtime.bind_metrics(group)
+        runtime.infer_batch(list(np.ones((5, 3), dtype=np.float32)))
+        assert group.gauges["remoteRequests"]() == 1 and group.gauges["recordsInferred"]() == 5
+        assert {"remoteRetries", "remoteConcurrencyLimit", "remoteThrottledMs"} <= set(group.gauges)
+    finally:
+        runtime.release()
