@@ -299,6 +299,9 @@ class RemoteSession:
             except httpx.TransportError as exc:
                 self.limiter.release(began, overloaded=False)
                 last, status = f"{type(exc).__name__}: {exc}", None
+            except BaseException:
+                self.limiter.release(began, overloaded=False)  # never leak the slot (a bug, a cancel)
+                raise
             else:
                 status = response.status_code
                 retry_after = retry_after_seconds(response.headers.get("retry-after"))

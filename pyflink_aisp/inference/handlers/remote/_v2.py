@@ -124,6 +124,9 @@ class V2Model:
         dtype = _FLOATS[self.plan.datatype]
         rows = [np.asarray(x, dtype=dtype) for x in examples]
         for row in rows:
+            if row.ndim == 1 and not np.isfinite(row).all():
+                raise ValueError("a feature vector holds NaN or infinity (after the cast to the model's "
+                                 "input type): JSON cannot carry it")
             if row.ndim != 1 or (self.plan.n_features is not None and row.shape[0] != self.plan.n_features):
                 raise ValueError(f"expected a ({self.plan.n_features or 'n'},) feature vector, "
                                  f"got shape {row.shape}")

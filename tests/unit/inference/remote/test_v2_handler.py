@@ -167,3 +167,17 @@ def test_the_runtime_registers_the_handlers_remote_gauges() -> None:
         assert {"remoteRetries", "remoteConcurrencyLimit", "remoteThrottledMs"} <= set(group.gauges)
     finally:
         runtime.release()
+
+
+def test_a_non_finite_vector_fails_alone_before_any_request() -> None:
+    handler = V2PredictorHandler(url="http://s", model="risk")
+    requests: list = []
+    model = _model(handler, _server(requests))
+    try:
+        for bad in ([float("nan"), 1.0, 1.0], [1e300, 1.0, 1.0]):  # 1e300 is inf as FP32
+            with pytest.raises(ValueError, match="NaN or infinity"):
+                handler.prepare_batch([bad], model)
+        assert model.session.limiter.inflight == 0
+        assert len(handler.run_inference([[1.0, 2.0, 3.0]], model)) == 1  # still serving
+    finally:
+        handler.release_model(model)
