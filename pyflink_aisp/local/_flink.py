@@ -217,7 +217,8 @@ class FlinkCluster:
             folder.mkdir(parents=True, exist_ok=True)
         for _ in range(missing):
             self._run_script("taskmanager.sh", "start")
-        return self._wait_daemons_up(lambda: len(self._taskmanager_ids() - before) >= missing)
+        return self._wait_daemons_up(
+            lambda: len(self._taskmanager_ids() - before) >= missing and self.is_ready(2.0))
 
     def _taskmanager_ids(self) -> set[str]:
         """Resource ids of the TaskManagers the JobManager lists (a dead one stays

@@ -290,7 +290,7 @@ class LocalStack:
             if cluster is not None:
                 self._reap_orphaned_workers(cluster)
                 cluster.start()
-            return self._status(self._recorded())
+            return self._status(self._recorded(), ready_timeout_s=10.0)
 
     def down(self) -> StackStatus:
         """Stop Flink, then Kafka, then remove ``stack.json`` (even a corrupt one); idempotent.
@@ -395,7 +395,9 @@ class LocalStack:
             changes["prometheus_port"] = None  # the recorded cluster runs without the reporter
         return replace(self.config, **changes) if changes else self.config
 
-    def _status(self, recorded: Mapping[str, int]) -> StackStatus:
+    def _status(self, recorded: Mapping[str, int], ready_timeout_s: float = 2.0) -> StackStatus:
+        """The services' state; ``ready_timeout_s`` bounds each readiness call (a JobManager
+        busy restarting a job on a loaded machine may take seconds to answer)."""
         config = self._effective(recorded)
         broker = KafkaBroker(config.kafka_config())
         cluster = FlinkCluster(config.flink_config())
@@ -404,14 +406,14 @@ class LocalStack:
         kafka = ServiceStatus(
             name="kafka",
             running=kafka_pid is not None,
-            ready=kafka_pid is not None and broker.is_ready(),
+            ready=kafka_pid is not None and broker.is_ready(ready_timeout_s),
             pids=() if kafka_pid is None else (kafka_pid,),
             address=config.kafka_config().bootstrap_servers,
         )
         flink = ServiceStatus(
             name="flink",
             running=bool(flink_pids),
-            ready=bool(flink_pids) and cluster.is_ready(),
+            ready=bool(flink_pids) and cluster.is_ready(ready_timeout_s),
             pids=tuple(flink_pids),
             address=config.flink_config().rest_url,
         )

@@ -148,9 +148,15 @@ def test_a_stream_of_another_shape_raises_the_dead_letter_alarm_in_its_first_sec
 def _wait_for_job_metrics(urls: tuple[str, ...], deadline_s: float = 120) -> str:
     """The endpoint that serves a job's aisp metrics, once one does (the operator opened)."""
     end = time.monotonic() + deadline_s
+    last_error: OSError | None = None
     while True:
         for url in urls:
-            if any("_aisp_" in k for k in _scrape(url)):
+            try:
+                names = _scrape(url)
+            except OSError as exc:  # a TaskManager's reporter busy or still binding: ask again
+                last_error = exc
+                continue
+            if any("_aisp_" in k for k in names):
                 return url
-        assert time.monotonic() < end, f"no aisp metrics on {urls} after {deadline_s} s"
+        assert time.monotonic() < end, f"no aisp metrics on {urls} after {deadline_s} s ({last_error!r})"
         time.sleep(1.0)
