@@ -32,6 +32,7 @@ from pyflink_aisp.device import Device, DeviceKind
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import BatchCuts, BatchingConfig, BreakerConfig, ModelSwapConfig
 from pyflink_aisp.inference.handlers import Pooling
+from pyflink_aisp.inference.handlers.remote import check_base_url, path_segment
 from pyflink_aisp.kafka import FieldMapping, StartupMode, ValueFormat, default_bootstrap_servers
 from pyflink_aisp.pipeline._options import (
     GpuProvider,
@@ -272,11 +273,25 @@ class InferenceOptions:
                 flags = ["--remote-model"] * (self.remote_model is not None) + remote
                 raise ConfigError(f"{', '.join(flags)} apply to --remote-url only")
             return
+        if not self.remote_url.strip():
+            raise ConfigError("--remote-url is empty: give the server's base URL (e.g. http://triton:8000)")
+        try:
+            check_base_url(self.remote_url)
+        except ConfigError as exc:
+            raise ConfigError(f"--remote-url: {exc}") from None
         if self.remote_model is None:
             raise ConfigError("--remote-url needs --remote-model (the model's name on the server)")
-        if "@" in self.remote_url.split("//", 1)[-1].split("/", 1)[0]:
-            raise ConfigError("--remote-url must not carry credentials (user:password@): give the key by "
-                              "--remote-api-key-env or --remote-api-key-file")
+        for flag, kind, value in (("--remote-model", "model name", self.remote_model),
+                                  ("--remote-model-version", "model version", self.remote_model_version)):
+            if value is not None:
+                try:
+                    path_segment(kind, value)
+                except ConfigError as exc:
+                    raise ConfigError(f"{flag}: {exc}") from None
+        if self.remote_api_key_env is not None and self.remote_api_key_file is not None:
+            raise ConfigError("give the API key by --remote-api-key-env or --remote-api-key-file, not both")
+        if self.remote_ca_file is not None and not self.remote_ca_file.is_file():
+            raise ConfigError(f"--remote-ca-file {self.remote_ca_file} is not a file")
         if self.remote_request_timeout_s > self.remote_deadline_s:
             raise ConfigError(f"--remote-request-timeout-s ({self.remote_request_timeout_s:g}) must not "
                               f"exceed --remote-deadline-s ({self.remote_deadline_s:g})")

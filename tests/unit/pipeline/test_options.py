@@ -220,6 +220,7 @@ def test_the_classifier_job_parameters_round_trip(tmp_path: Path) -> None:
 
 
 def test_the_remote_job_parameters_round_trip(tmp_path: Path) -> None:
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
     options = InferenceOptions(
         remote_url="https://models.example:8443", remote_model="fraud", remote_model_version="3",
         remote_api_key_env="FRAUD_KEY", remote_ca_file=tmp_path / "ca.pem", remote_rows_per_request=7,
@@ -242,6 +243,14 @@ def test_the_remote_job_parameters_round_trip(tmp_path: Path) -> None:
     ({"remote_url": "http://h", "remote_model": "m", "remote_request_timeout_s": 40.0},
      "must not exceed --remote-deadline-s"),
     ({"remote_url": "http://h", "remote_model": "m", "predictor": Path("x.onnx")}, "each name the model"),
+    ({"remote_url": "", "remote_model": "m"}, "--remote-url is empty: give the server's base URL"),
+    ({"remote_url": "ftp://h", "remote_model": "m"}, "--remote-url: .* must be http:// or https://"),
+    ({"remote_url": "http://h", "remote_model": "a/b"}, "--remote-model: .* without '/'"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_model_version": ".."}, "--remote-model-version"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_api_key_env": "K",
+      "remote_api_key_file": Path("k")}, "--remote-api-key-env or --remote-api-key-file, not both"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_ca_file": Path("/no/ca.pem")},
+     "--remote-ca-file /no/ca.pem is not a file"),
 ])
 def test_remote_options_are_refused_in_one_line(kwargs, message) -> None:
     with pytest.raises(ConfigError, match=message) as info:

@@ -12,6 +12,8 @@ from pyflink_aisp.inference.handlers.remote._client import (
     RETRYABLE_STATUSES,
     RemoteEndpoint,
     RemoteSession,
+    check_base_url,
+    path_segment,
     retry_after_seconds,
 )
 from pyflink_aisp.inference.handlers.remote._limit import AimdLimiter, LimiterConfig
@@ -25,5 +27,7 @@ __all__ = [
     "RemoteSession",
     "V2Model",
     "V2PredictorHandler",
+    "check_base_url",
+    "path_segment",
     "retry_after_seconds",
 ]

@@ -12,19 +12,28 @@ long as a ``Retry-After`` asks, until the request's deadline; then it fails with
 :class:`~pyflink_aisp.errors.RemoteTimeoutError`. Any other 4xx / 5xx fails at once with
 :class:`~pyflink_aisp.errors.RemoteError` (the same request would get the same answer).
 
+Every wait counts against the deadline: a slot in the limiter, a ``Retry-After`` (capped at
+``max_retry_after_s``; a longer one ends the request at once), the backoff and the attempt
+itself. An attempt is not started with less than ``min_attempt_s`` left, and only an attempt
+that ran its full ``request_timeout_s`` counts as an overload signal (one cut short by the
+deadline says nothing about the server).
+
 The API key is read from an environment variable or a file when the session opens (on the
-worker), kept only in the client's default headers, and never put in a message: errors
-name the URL path and the status, never the headers.
+worker), must be visible ASCII (RFC 9110 §5.5 field values; RFC 6750 ``b64token``), is kept only
+in the client's default headers, and never put in a message: errors name the URL path and the
+status, never the headers, and any message that could echo the key is redacted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import email.utils
 import os
 import random
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +44,8 @@ import httpx
 from pyflink_aisp.errors import ConfigError, RemoteError, RemoteTimeoutError
 from pyflink_aisp.inference.handlers.remote._limit import AimdLimiter, LimiterConfig
 
-__all__ = ["RETRYABLE_STATUSES", "RemoteEndpoint", "RemoteSession", "retry_after_seconds"]
+__all__ = ["RETRYABLE_STATUSES", "RemoteEndpoint", "RemoteSession", "check_base_url", "path_segment",
+           "retry_after_seconds"]
 
 #: Statuses worth another try: request timeout, too early, too many requests, bad gateway,
 #: service unavailable, gateway timeout (RFC 9110 §15; 425 and 429: RFC 8470, RFC 6585).
@@ -46,6 +56,45 @@ _OVERLOAD_STATUSES = frozenset({429, 503})
 _BODY_CHARS = 300
 
 T = TypeVar("T")
+
+
+def check_base_url(url: str) -> str:
+    """A server's base URL, checked: ``http://`` or ``https://`` with a host, no credentials, no
+    query or fragment; the trailing ``/`` dropped.
+
+    Raises:
+        ConfigError: Otherwise (the message never repeats credentials).
+    """
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError("a remote model server URL must not carry credentials (user:password@): give "
+                          "the key by an environment variable or a file")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"a remote model server URL must be http:// or https:// with a host, got {url!r}")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"a remote model server URL is a base URL without '?' or '#', got {url!r}")
+    return url.strip().rstrip("/")
+
+
+def path_segment(kind: str, name: str) -> str:
+    """``name`` as one URL path segment (percent-encoded, RFC 3986 §3.3), e.g. a model name.
+
+    Raises:
+        ConfigError: Empty, ``.`` or ``..``, with ``/``, or with control characters.
+    """
+    if not name or name in (".", "..") or "/" in name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise ConfigError(f"a remote {kind} must be a non-empty name without '/' or control characters "
+                          f"(not '.' or '..'), got {name!r}")
+    return urllib.parse.quote(name, safe="")
+
+
+def _check_key(key: str, source: str) -> str:
+    """An API key: visible ASCII only (a header value that cannot be sent would echo it in
+    the HTTP library's error)."""
+    if not all(0x21 <= ord(c) <= 0x7E for c in key):
+        raise ConfigError(f"the API key from {source} holds spaces, control or non-ASCII characters: "
+                          "an Authorization header cannot carry it")
+    return key
 
 
 def retry_after_seconds(value: str | None, *, now: float | None = None) -> float | None:
@@ -76,13 +125,17 @@ class RemoteEndpoint:
             system's, through ``certifi``).
         request_timeout_s: Longest one attempt may take, in seconds.
         deadline_s: Longest one request may take, retries and waits included, in seconds.
-        max_attempts: Most attempts of one request.
+        max_attempts: Most attempts of one request (the deadline usually ends it first).
+        max_retry_after_s: Longest ``Retry-After`` honoured, in seconds (a longer one fails
+            the request at once: waiting it out would hold every later request).
+        min_attempt_s: Least time left for an attempt to start, in seconds.
         backoff_base_s: First backoff cap, in seconds (doubles per attempt).
         backoff_cap_s: Largest backoff, in seconds.
         concurrency: Bounds of the adaptive limit of requests in flight per worker.
 
     Raises:
-        ConfigError: A URL that is not http(s), both or a missing key source, bad timing.
+        ConfigError: A URL that :func:`check_base_url` refuses, both key sources, a missing CA
+            file, bad timing.
     """
 
     url: str
@@ -91,35 +144,39 @@ class RemoteEndpoint:
     ca_file: Path | None = None
     request_timeout_s: float = 10.0
     deadline_s: float = 30.0
-    max_attempts: int = 6
+    max_attempts: int = 100
+    max_retry_after_s: float = 60.0
+    min_attempt_s: float = 0.05
     backoff_base_s: float = 0.1
     backoff_cap_s: float = 5.0
     concurrency: LimiterConfig = field(default_factory=LimiterConfig)
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"a remote model server URL must start with http:// or https://, "
-                              f"got {self.url!r}")
-        object.__setattr__(self, "url", self.url.rstrip("/"))
+        object.__setattr__(self, "url", check_base_url(self.url))
         if self.api_key_env is not None and self.api_key_file is not None:
             raise ConfigError("give the API key by an environment variable or a file, not both")
+        if self.ca_file is not None and not Path(self.ca_file).is_file():
+            raise ConfigError(f"the CA file {self.ca_file} is not a file")
         if not 0 < self.request_timeout_s <= self.deadline_s:
             raise ConfigError(f"need 0 < request timeout <= deadline, got {self.request_timeout_s} s and "
                               f"{self.deadline_s} s")
         if self.max_attempts < 1 or not 0 < self.backoff_base_s <= self.backoff_cap_s:
             raise ConfigError("need max_attempts >= 1 and 0 < backoff base <= backoff cap")
+        if self.max_retry_after_s < 0 or not 0 < self.min_attempt_s <= self.request_timeout_s:
+            raise ConfigError("need max_retry_after_s >= 0 and 0 < min_attempt_s <= request timeout")
 
     def api_key(self) -> str | None:
         """The API key, read now (None without a source).
 
         Raises:
-            ConfigError: The variable is unset or empty, or the file cannot be read or is empty.
+            ConfigError: The variable is unset or empty, the file cannot be read or is empty, or
+                the key is not visible ASCII.
         """
         if self.api_key_env is not None:
             key = os.environ.get(self.api_key_env, "").strip()
             if not key:
                 raise ConfigError(f"the API key variable {self.api_key_env} is not set on this worker")
-            return key
+            return _check_key(key, f"${self.api_key_env}")
         if self.api_key_file is not None:
             try:
                 lines = Path(self.api_key_file).read_text(encoding="utf-8").strip().splitlines()
@@ -128,7 +185,7 @@ class RemoteEndpoint:
                                   f"{type(exc).__name__}") from None
             if not lines or not lines[0].strip():
                 raise ConfigError(f"the API key file {self.api_key_file} is empty")
-            return lines[0].strip()
+            return _check_key(lines[0].strip(), str(self.api_key_file))
         return None
 
     def headers(self) -> dict[str, str]:
@@ -140,24 +197,26 @@ class RemoteEndpoint:
         """httpx's ``verify``: the CA file, or True (the default trust store)."""
         return str(self.ca_file) if self.ca_file is not None else True
 
-    def get_json(self, path: str) -> Any:
+    def get_json(self, path: str, *, deadline_s: float = 10.0) -> Any:
         """A synchronous GET (start-up checks, on the client and on each worker), retried as a
-        request is (:data:`RETRYABLE_STATUSES`, connection errors, ``Retry-After``) within the
-        deadline: the JSON body.
+        request is (:data:`RETRYABLE_STATUSES`, connection errors, ``Retry-After``) within
+        ``deadline_s`` (at most the request deadline): the JSON body.
 
         Raises:
             RemoteError: Unreachable (status None), a final 4xx / 5xx, or a body that is not JSON.
         """
-        deadline = time.monotonic() + self.deadline_s
+        deadline = time.monotonic() + min(deadline_s, self.deadline_s)
         rng = random.Random()
-        with httpx.Client(headers=self.headers(), verify=self.verify(),
+        headers = self.headers()
+        with httpx.Client(headers=headers, verify=self.verify(),
                           timeout=self.request_timeout_s) as client:
             for attempt in range(self.max_attempts):
                 wait = rng.uniform(0.0, min(self.backoff_cap_s, self.backoff_base_s * 2 ** attempt))
                 try:
                     response = client.get(f"{self.url}{path}")
                 except httpx.HTTPError as exc:
-                    failure = RemoteError(f"{self.url} is unreachable: {type(exc).__name__}: {exc}")
+                    failure = RemoteError(_redact(f"{self.url} is unreachable: {type(exc).__name__}: {exc}",
+                                                  headers))
                 else:
                     if response.status_code not in RETRYABLE_STATUSES:
                         return _json_of(response, path)
@@ -168,6 +227,13 @@ class RemoteEndpoint:
                     break
                 time.sleep(wait)
         raise failure
+
+
+def _redact(text: str, headers: dict[str, str]) -> str:
+    """``text`` with the API key (if any) replaced by ``***``."""
+    auth = headers.get("Authorization", "")
+    key = auth.removeprefix("Bearer ")
+    return text.replace(key, "***") if key else text
 
 
 def _json_of(response: httpx.Response, path: str) -> Any:
@@ -220,6 +286,10 @@ class RemoteSession:
         self.stats = SessionStats()
         self._rng = rng or random.Random()
         headers = endpoint.headers()
+        self._headers = headers
+        self._closed = False
+        self._pending: set[concurrent.futures.Future[Any]] = set()
+        self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="aisp-remote", daemon=True)
         self._thread.start()
@@ -251,7 +321,25 @@ class RemoteSession:
                 "remoteInflight": lambda: limiter.inflight}
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        """Run ``coro`` on the session's loop and wait; :meth:`close` cancels it.
+
+        Raises:
+            RemoteError: The session is closed, or closed while ``coro`` ran (status None).
+        """
+        with self._lock:
+            if self._closed:
+                coro.close()
+                raise RemoteError(f"the connection pool to {self.endpoint.url} is closed")
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            self._pending.add(future)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise RemoteError(f"the connection pool to {self.endpoint.url} closed while requests "
+                              "were in flight") from None
+        finally:
+            with self._lock:
+                self._pending.discard(future)
 
     def gather(self, bodies: Sequence[tuple[str, Any]]) -> list[Any]:
         """POST each ``(path, JSON body)`` concurrently; wait for all.
@@ -282,38 +370,42 @@ class RemoteSession:
         deadline = start + endpoint.deadline_s
         last, status, attempts = "no attempt", None, 0
         while attempts < endpoint.max_attempts:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            began = await self.limiter.acquire(deadline - endpoint.min_attempt_s)
+            if began is None:  # no slot (or a Retry-After hold) before the deadline
+                last = f"{last}; then no free request slot before the deadline" if attempts else (
+                    "no free request slot before the deadline (the server is throttling this worker)")
                 break
-            began = await self.limiter.acquire()
             self.stats.requests += 1
             self.stats.retries += attempts > 0
             attempts += 1
             retry_after = None
-            timeout = min(endpoint.request_timeout_s, max(deadline - time.monotonic(), 0.001))
+            left = max(deadline - time.monotonic(), endpoint.min_attempt_s)
+            timeout = min(endpoint.request_timeout_s, left)
             try:
                 response = await self._client.post(path, json=body, timeout=timeout)
             except httpx.TimeoutException as exc:
-                self.limiter.release(began, overloaded=True)
-                last, status = f"timed out after {timeout:.1f} s ({type(exc).__name__})", None
+                # only a full request timeout says the server is slow; one the deadline cut short does not
+                self.limiter.release(began, overloaded=timeout >= endpoint.request_timeout_s)
+                last, status = f"timed out after {timeout:.2f} s ({type(exc).__name__})", None
             except httpx.TransportError as exc:
                 self.limiter.release(began, overloaded=False)
-                last, status = f"{type(exc).__name__}: {exc}", None
+                last, status = _redact(f"{type(exc).__name__}: {exc}", self._headers), None
             except BaseException:
                 self.limiter.release(began, overloaded=False)  # never leak the slot (a bug, a cancel)
                 raise
             else:
                 status = response.status_code
                 retry_after = retry_after_seconds(response.headers.get("retry-after"))
-                self.limiter.release(began, overloaded=status in _OVERLOAD_STATUSES,
-                                     retry_after_s=retry_after)
+                held = None if retry_after is None else min(retry_after, endpoint.max_retry_after_s)
+                self.limiter.release(began, overloaded=status in _OVERLOAD_STATUSES, retry_after_s=held)
                 if status not in RETRYABLE_STATUSES:
                     try:
                         return _json_of(response, path)
                     except RemoteError:
                         self.stats.fail(status)
                         raise
-                last = f"HTTP {status}: {response.text[:_BODY_CHARS]}"
+                last = f"HTTP {status}: {response.text[:_BODY_CHARS]}" + (
+                    f" (Retry-After {retry_after:g} s)" if retry_after else "")
             if attempts == endpoint.max_attempts:
                 break
             cap = min(endpoint.backoff_cap_s, endpoint.backoff_base_s * 2 ** (attempts - 1))
@@ -331,10 +423,20 @@ class RemoteSession:
                                  f"({attempts} attempts, {spent:.1f} s); last: {last}", status)
 
     def close(self) -> None:
-        """Close the connection pool and stop the loop (idempotent)."""
-        if self._loop.is_closed():
-            return
-        self._run(self._client.aclose())
+        """Cancel the requests in flight (their :meth:`gather` raises
+        :class:`~pyflink_aisp.errors.RemoteError`), close the connection pool and stop the loop
+        (idempotent; any later call raises RemoteError)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = list(self._pending)
+        for future in pending:
+            future.cancel()
+        try:
+            asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result(timeout=5)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError, httpx.HTTPError):
+            pass  # the pool goes with the loop
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()

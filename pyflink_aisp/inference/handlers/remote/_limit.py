@@ -80,13 +80,20 @@ class AimdLimiter:
         self._calm_until = 0.0  # one decrease per round trip
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
-    async def acquire(self) -> float:
-        """Wait for a slot (and for any ``Retry-After`` to pass); returns the start time to
-        give :meth:`release`."""
+    async def acquire(self, deadline: float | None = None) -> float | None:
+        """Wait for a slot (and for any ``Retry-After`` to pass), until ``deadline`` (on the
+        limiter's clock; None: no bound).
+
+        Returns:
+            The start time to give :meth:`release`, or None when the deadline came first (no
+            slot taken).
+        """
         while True:
             now = self._clock()
+            if deadline is not None and now >= deadline:
+                return None
             if now < self._hold_until:
-                wait = self._hold_until - now
+                wait = min(self._hold_until, deadline if deadline is not None else self._hold_until) - now
                 self.throttled_s += wait
                 await asyncio.sleep(wait)
                 continue
@@ -96,7 +103,9 @@ class AimdLimiter:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
-                await waiter
+                await asyncio.wait_for(waiter, None if deadline is None else max(deadline - now, 0.0))
+            except TimeoutError:
+                self._wake()  # a slot handed to this waiter as it gave up goes to the next
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)

@@ -40,7 +40,7 @@ import numpy.typing as npt
 from pyflink_aisp.errors import ConfigError, ModelError, RemoteError
 from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
 from pyflink_aisp.inference.handlers._onnx_predictor import output_field_name
-from pyflink_aisp.inference.handlers.remote._client import RemoteEndpoint, RemoteSession
+from pyflink_aisp.inference.handlers.remote._client import RemoteEndpoint, RemoteSession, path_segment
 from pyflink_aisp.inference.tasks import OutputField, PredictionTask, SqlType
 
 __all__ = ["V2Model", "V2PredictorHandler"]
@@ -155,8 +155,8 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
 
     def __init__(self, *, url: str, model: str, version: str | None = None, rows_per_request: int = 64,
                  **endpoint: Any) -> None:
-        if not model or "/" in model:
-            raise ConfigError(f"a remote model name must be non-empty without '/', got {model!r}")
+        self._segments = (path_segment("model name", model),
+                          None if version is None else path_segment("model version", version))
         if rows_per_request < 1:
             raise ConfigError(f"rows_per_request must be >= 1, got {rows_per_request}")
         self.endpoint = RemoteEndpoint(url=url, **endpoint)
@@ -165,7 +165,8 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
 
     @property
     def _path(self) -> str:
-        return f"/v2/models/{self.model}" + (f"/versions/{self.version}" if self.version else "")
+        model, version = self._segments
+        return f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
 
     def check(self) -> _Plan:
         """The health check a job runs before it starts: the server answers and serves the

@@ -1,9 +1,11 @@
 """Retries, deadlines, Retry-After and secrets of the remote client (httpx.MockTransport stands in
 for the server here; the real servers are in tests/integration/remote)."""
 
+import asyncio
 import email.utils
 import json
 import random
+import threading
 import time
 
 import httpx
@@ -14,6 +16,7 @@ from pyflink_aisp.inference.handlers.remote import (
     LimiterConfig,
     RemoteEndpoint,
     RemoteSession,
+    path_segment,
     retry_after_seconds,
 )
 
@@ -153,7 +156,10 @@ def test_the_api_key_is_sent_as_a_bearer_token_and_never_in_a_message(monkeypatc
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"url": "ftp://s"}, "http:// or https://"),
+    ({"url": "http://"}, "with a host"),
+    ({"url": "http://s/v2?x=1"}, "without '\\?' or '#'"),
     ({"url": "http://s", "api_key_env": "A", "api_key_file": "f"}, "not both"),
+    ({"url": "http://s", "ca_file": "/no/such/ca.pem"}, "is not a file"),
     ({"url": "http://s", "request_timeout_s": 5.0, "deadline_s": 1.0}, "request timeout <= deadline"),
 ])
 def test_bad_endpoints_are_refused(kwargs, message) -> None:
@@ -193,3 +199,101 @@ def test_the_gauges_count_attempts_retries_failures_and_throttling() -> None:
     assert failures == (1, 0, 0)
     assert gauges["remoteThrottledMs"] >= 950 and gauges["remoteInflight"] == 0
     assert gauges["remoteConcurrencyLimit"] == 2  # halved once by the 429
+
+
+def test_credentials_in_the_url_are_refused_without_repeating_them() -> None:
+    with pytest.raises(ConfigError, match="must not carry credentials") as info:
+        RemoteEndpoint(url="https://alice:hunter2@server:8000")
+    assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize("key", ["sk-\nX-Injected: 1", "sk with space", "sk-\u00e9", "sk-\x7f"])
+def test_an_api_key_a_header_cannot_carry_is_refused_without_echoing_it(monkeypatch, key) -> None:
+    monkeypatch.setenv("AISP_TEST_KEY", key)
+    with pytest.raises(ConfigError, match="AISP_TEST_KEY holds spaces, control or non-ASCII") as info:
+        RemoteEndpoint(url="http://s", api_key_env="AISP_TEST_KEY").headers()
+    assert key.strip() not in str(info.value)
+
+
+def test_model_names_are_one_encoded_path_segment() -> None:
+    assert path_segment("model name", "intent head?v=1") == "intent%20head%3Fv%3D1"
+    for bad in ("", ".", "..", "a/b", "a\nb"):
+        with pytest.raises(ConfigError, match="non-empty name without '/'"):
+            path_segment("model name", bad)
+
+
+def test_a_huge_retry_after_ends_the_request_and_holds_later_ones_only_up_to_their_deadline() -> None:
+    script = Script(httpx.Response(429, headers={"Retry-After": "3600"}, text="come back in an hour"))
+    session = _session(script, deadline_s=1.0, request_timeout_s=0.5)
+    try:
+        start = time.monotonic()
+        [first] = session.gather([("/p", {})])
+        assert isinstance(first, RemoteTimeoutError) and "Retry-After 3600 s" in str(first)
+        assert time.monotonic() - start < 0.5  # not waited out: it cannot end before the deadline
+        [later] = session.gather([("/p", {})])  # held by the (capped) Retry-After: its deadline ends it
+        spent = time.monotonic() - start
+        assert isinstance(later, RemoteTimeoutError) and "no free request slot" in str(later)
+        assert 0.8 <= spent < 2.5 and len(script.requests) == 1
+        assert session.limiter.inflight == 0
+    finally:
+        session.close()
+
+
+def test_waiting_for_a_slot_counts_against_the_deadline_and_is_not_an_overload() -> None:
+    async def slow(request: httpx.Request) -> httpx.Response:  # 0.6 s to answer, honouring the timeout
+        timeout = request.extensions["timeout"]["read"]
+        await asyncio.sleep(min(timeout, 0.6))
+        if timeout < 0.6:
+            raise httpx.ReadTimeout("read timed out", request=request)
+        return httpx.Response(200, json={"ok": 1})
+
+    session = RemoteSession(RemoteEndpoint(url="http://s", deadline_s=1.0, request_timeout_s=1.0,
+                                           concurrency=LimiterConfig(initial=1, maximum=1)),
+                            transport=httpx.MockTransport(slow))
+    try:
+        start = time.monotonic()
+        first, second = session.gather([("/a", {}), ("/b", {})])
+        assert first == {"ok": 1}
+        # the second waited 0.6 s for the one slot, then had 0.4 s: it times out by the deadline
+        assert isinstance(second, RemoteTimeoutError) and time.monotonic() - start < 1.5
+        assert session.limiter.decreases == 0  # a timeout the deadline cut short is no overload signal
+    finally:
+        session.close()
+
+
+def test_close_while_a_batch_is_in_flight_fails_it_and_a_later_call_is_a_remote_error() -> None:
+    async def hang(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(60)
+        raise AssertionError("never answered")
+
+    session = RemoteSession(RemoteEndpoint(url="http://s"), transport=httpx.MockTransport(hang))
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            session.gather([("/a", {}), ("/b", {})])
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            outcome.append(exc)
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    time.sleep(0.3)
+    session.close()
+    worker.join(timeout=5)
+    assert not worker.is_alive(), "gather still hangs after close()"
+    assert isinstance(outcome[0], RemoteError) and "closed while requests were in flight" in str(outcome[0])
+    with pytest.raises(RemoteError, match="is closed"):
+        session.gather([("/a", {})])
+    session.close()  # idempotent
+
+
+def test_connection_refused_retries_until_the_deadline_by_default() -> None:
+    script = Script(httpx.ConnectError("connection refused"))
+    session = _session(script, deadline_s=1.5, request_timeout_s=0.5, backoff_cap_s=0.05)
+    try:
+        start = time.monotonic()
+        [error] = session.gather([("/p", {})])
+        assert isinstance(error, RemoteTimeoutError) and time.monotonic() - start >= 1.3
+        assert len(script.requests) > 10  # not given up after six attempts
+    finally:
+        session.close()

@@ -3,6 +3,7 @@ Retry-After holds (a fake clock; no server)."""
 
 import asyncio
 import itertools
+import time
 
 import pytest
 
@@ -113,3 +114,17 @@ def test_a_full_limiter_makes_callers_wait_for_a_release() -> None:
 def test_bad_bounds_are_refused(kwargs) -> None:
     with pytest.raises(ConfigError):
         LimiterConfig(**kwargs)
+
+
+def test_acquire_gives_up_at_its_deadline_in_a_hold_and_in_the_queue() -> None:
+    limiter = AimdLimiter(LimiterConfig(initial=1, maximum=1))
+
+    async def run() -> tuple[float | None, float | None, float | None, int]:
+        first = await limiter.acquire()
+        queued = await limiter.acquire(time.monotonic() + 0.05)  # the one slot is taken
+        limiter.release(first, overloaded=True, retry_after_s=3600)
+        held = await limiter.acquire(time.monotonic() + 0.05)  # a Retry-After hold past the deadline
+        return first, queued, held, limiter.inflight
+
+    first, queued, held, inflight = asyncio.run(run())
+    assert first is not None and queued is None and held is None and inflight == 0
