@@ -44,6 +44,7 @@ __all__ = [
     "EnvironmentSetupError",
     "InferenceError",
     "InferenceTimeoutError",
+    "InvalidModelOutputError",
     "KafkaError",
     "LeaseNotFoundError",
     "ModelError",
@@ -142,6 +143,12 @@ class RemoteError(InferenceError):
 class RemoteTimeoutError(RemoteError):
     """A remote call got no usable answer within its record's deadline, retries included
     (dead-lettered as ``remote_timeout``)."""
+
+
+class InvalidModelOutputError(InferenceError):
+    """A model answered, but not in the form its task asked for, e.g. a generation asked for
+    JSON of a schema that does not parse or lacks a field (dead-lettered as
+    ``invalid_model_output``)."""
 
 
 class OperatorNotOpenError(InferenceError, RuntimeError):

@@ -38,6 +38,7 @@ from pyflink_aisp.errors import (
     DecodeError,
     InferenceError,
     InferenceTimeoutError,
+    InvalidModelOutputError,
     OversizedOutputError,
     RemoteError,
     RemoteTimeoutError,
@@ -96,6 +97,7 @@ class Reason(enum.StrEnum):
     INFERENCE_TIMEOUT = "inference_timeout"
     REMOTE_ERROR = "remote_error"
     REMOTE_TIMEOUT = "remote_timeout"
+    INVALID_MODEL_OUTPUT = "invalid_model_output"
     OVERSIZED_OUTPUT = "oversized_output"
 
 
@@ -103,7 +105,8 @@ def reason_of(error: BaseException) -> Reason:
     """The reason for an exception: a :class:`~pyflink_aisp.errors.DecodeError`'s
     own, ``INFERENCE_TIMEOUT`` for :class:`~pyflink_aisp.errors.InferenceTimeoutError`,
     ``REMOTE_TIMEOUT`` / ``REMOTE_ERROR`` for :class:`~pyflink_aisp.errors.RemoteTimeoutError` /
-    :class:`~pyflink_aisp.errors.RemoteError`, else ``INFERENCE_ERROR``."""
+    :class:`~pyflink_aisp.errors.RemoteError`, ``INVALID_MODEL_OUTPUT`` for
+    :class:`~pyflink_aisp.errors.InvalidModelOutputError`, else ``INFERENCE_ERROR``."""
     if isinstance(error, DecodeError):
         try:
             return Reason(error.reason)
@@ -117,6 +120,8 @@ def reason_of(error: BaseException) -> Reason:
         return Reason.REMOTE_ERROR
     if isinstance(error, OversizedOutputError):
         return Reason.OVERSIZED_OUTPUT
+    if isinstance(error, InvalidModelOutputError):
+        return Reason.INVALID_MODEL_OUTPUT
     return Reason.INFERENCE_ERROR
 
 

@@ -10,8 +10,10 @@ No operator switches on the type of a prediction.
 The tasks of the project's own handlers live here: :class:`SentimentTask`
 (``score``, ``label``, with ``--with-embedding`` also ``embedding``),
 :class:`EmbeddingTask` (``embedding``) and :class:`ClassificationTask` (``label``,
-``score``, optionally ``top_labels`` and ``top_scores``) and :class:`PredictionTask` (one field
-per output of a numeric model, declared by the model's graph). A user's handler declares its own by
+``score``, optionally ``top_labels`` and ``top_scores``), :class:`PredictionTask` (one field
+per output of a numeric model, declared by the model's graph) and :class:`GenerationTask` (a
+language model's ``completion``, ``finish_reason`` and token usage, plus the fields of a
+structured output). A user's handler declares its own by
 subclassing :class:`Task` (see ``jobs/examples/lexicon_handler.py``).
 """
 
@@ -33,6 +35,7 @@ __all__ = [
     "RESERVED_FIELDS",
     "ClassificationTask",
     "EmbeddingTask",
+    "GenerationTask",
     "OutputField",
     "PredictionTask",
     "SentimentTask",
@@ -347,3 +350,47 @@ class PredictionTask(Task):
 
     def render(self, prediction: Any) -> dict[str, Any]:
         return {f.name: _plain(f, prediction[f.name]) for f in self.outputs}
+
+
+_GENERATION_FIELDS = (
+    OutputField(name="completion", sql_type=SqlType.STRING),
+    OutputField(name="finish_reason", sql_type=SqlType.STRING),
+    OutputField(name="prompt_tokens", sql_type=SqlType.BIGINT),
+    OutputField(name="completion_tokens", sql_type=SqlType.BIGINT),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationTask(Task):
+    """Text generation: a prediction is a mapping with ``completion`` (the generated text),
+    ``finish_reason`` (the OpenAI API's: ``stop``, ``length``, ...), ``prompt_tokens`` and
+    ``completion_tokens`` (the server's usage for this record; None where a request carried
+    several records and the server reported one total), and one value per ``structured`` field.
+
+    Fields: ``completion`` STRING, ``finish_reason`` STRING, ``prompt_tokens`` BIGINT,
+    ``completion_tokens`` BIGINT, then the ``structured`` fields (a JSON schema's properties,
+    parsed from the completion).
+
+    Attributes:
+        structured: Fields parsed from a structured (JSON) completion, in the schema's order.
+
+    Raises:
+        ConfigError: A structured field named like one of the four, or a name twice.
+    """
+
+    structured: tuple[OutputField, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "structured", tuple(self.structured))
+        names = [f.name for f in self.fields]
+        if len(set(names)) != len(names):
+            own, given = [f.name for f in _GENERATION_FIELDS], [f.name for f in self.structured]
+            raise ConfigError(f"structured output fields must not repeat or be named like {own}, got {given}")
+
+    @property
+    def fields(self) -> tuple[OutputField, ...]:
+        return _GENERATION_FIELDS + self.structured
+
+    def render(self, prediction: Any) -> dict[str, Any]:
+        return {f.name: None if prediction[f.name] is None else _plain(f, prediction[f.name])
+                for f in self.fields}

@@ -71,7 +71,8 @@ _WINDOWS = ("arrowBatchSize", "serializationUs", "endToEndUs")
 
 
 #: Reasons the circuit breaker counts: the model (or its server) failed, not the record's data.
-_MODEL_FAILURES = frozenset({Reason.INFERENCE_ERROR, Reason.REMOTE_ERROR, Reason.REMOTE_TIMEOUT})
+_MODEL_FAILURES = frozenset({Reason.INFERENCE_ERROR, Reason.REMOTE_ERROR, Reason.REMOTE_TIMEOUT,
+                             Reason.INVALID_MODEL_OUTPUT})
 
 
 class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]

@@ -1,6 +1,8 @@
 """Models behind a remote server, on the same :class:`~pyflink_aisp.inference.ModelHandler`
 plug-in: an Open Inference Protocol v2 server (KServe, Triton, MLServer) with
-:class:`V2PredictorHandler`; the HTTP underneath (:class:`RemoteEndpoint`,
+:class:`V2PredictorHandler`, an OpenAI-compatible server (vLLM, llama.cpp, the OpenAI API)
+with :class:`OpenAIEmbeddingHandler` and :class:`OpenAIGenerationHandler`; the HTTP
+underneath (:class:`RemoteEndpoint`,
 :class:`RemoteSession`: a connection pool per worker, adaptive concurrency
 :class:`AimdLimiter`, retries with backoff inside a deadline) is shared by every remote
 handler.
@@ -17,12 +19,23 @@ from pyflink_aisp.inference.handlers.remote._client import (
     retry_after_seconds,
 )
 from pyflink_aisp.inference.handlers.remote._limit import AimdLimiter, LimiterConfig
+from pyflink_aisp.inference.handlers.remote._openai import (
+    ChatApi,
+    OpenAIEmbeddingHandler,
+    OpenAIGenerationHandler,
+    OpenAIModel,
+    schema_fields,
+)
 from pyflink_aisp.inference.handlers.remote._v2 import V2Model, V2PredictorHandler
 
 __all__ = [
     "RETRYABLE_STATUSES",
     "AimdLimiter",
+    "ChatApi",
     "LimiterConfig",
+    "OpenAIEmbeddingHandler",
+    "OpenAIGenerationHandler",
+    "OpenAIModel",
     "RemoteEndpoint",
     "RemoteSession",
     "V2Model",
@@ -30,4 +43,5 @@ __all__ = [
     "check_base_url",
     "path_segment",
     "retry_after_seconds",
+    "schema_fields",
 ]

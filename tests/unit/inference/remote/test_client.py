@@ -272,7 +272,7 @@ def test_close_while_a_batch_is_in_flight_fails_it_and_a_later_call_is_a_remote_
     def call() -> None:
         try:
             session.gather([("/a", {}), ("/b", {})])
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        except BaseException as exc:
             outcome.append(exc)
 
     worker = threading.Thread(target=call)

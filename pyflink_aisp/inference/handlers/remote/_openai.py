@@ -1,0 +1,432 @@
+"""Models behind an OpenAI-compatible server (vLLM, llama.cpp's ``llama-server``, TGI, the
+OpenAI API itself): embeddings and text generation, over REST.
+
+The API (https://platform.openai.com/docs/api-reference):
+
+- ``GET /v1/models``: ``{"data": [{"id": ...}]}``, the health check (the model must be listed);
+- ``POST /v1/embeddings``: ``{"model", "input": [texts], "encoding_format": "float"}`` answers
+  ``{"data": [{"index", "embedding"}], "usage"}``: many texts per request;
+- ``POST /v1/completions``: ``{"model", "prompt": [prompts], "max_tokens", ...}`` answers
+  ``{"choices": [{"index", "text", "finish_reason"}], "usage"}``: many prompts per request
+  (usage is the request's total, so a record's token counts are None when it shared one);
+- ``POST /v1/chat/completions``: one conversation per request (``messages``), many requests in
+  flight; ``choices[0].message.content``, ``usage`` per record; ``response_format`` with a JSON
+  schema (``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``) asks for
+  structured output, parsed into the schema's fields.
+
+A request that fails fails its records alone (``remote_error`` / ``remote_timeout``). A request
+of several records refused with 400, 413 or 422 (one record's prompt may exceed the context
+window) is sent again one record per request, once, so that only the records the server
+refuses alone fail. Structured output that does not parse, or lacks a required field or has one
+of another type, is an ``invalid_model_output`` dead letter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from pyflink_aisp.errors import ConfigError, InvalidModelOutputError, ModelError, RemoteError
+from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
+from pyflink_aisp.inference.handlers.remote._client import RemoteEndpoint, RemoteSession
+from pyflink_aisp.inference.tasks import EmbeddingTask, GenerationTask, OutputField, SqlType
+
+__all__ = ["ChatApi", "OpenAIEmbeddingHandler", "OpenAIGenerationHandler", "OpenAIModel",
+           "schema_fields"]
+
+#: A request of several records refused with these is split into one request per record.
+_SPLIT_STATUSES = frozenset({400, 413, 422})
+_JSON_TYPES: dict[str, SqlType] = {"string": SqlType.STRING, "number": SqlType.DOUBLE,
+                                   "integer": SqlType.BIGINT, "boolean": SqlType.BOOLEAN}
+_JSON_ARRAYS: dict[str, SqlType] = {"string": SqlType.ARRAY_STRING, "number": SqlType.ARRAY_DOUBLE,
+                                    "integer": SqlType.ARRAY_DOUBLE}
+
+#: Which generation route: ``"chat"`` (/v1/chat/completions) or ``"completions"`` (/v1/completions).
+ChatApi = Literal["chat", "completions"]
+
+
+def schema_fields(schema: Any) -> tuple[OutputField, ...]:
+    """The output fields of a structured-output JSON schema: one per top-level property, typed
+    ``string`` → STRING, ``number`` → DOUBLE, ``integer`` → BIGINT, ``boolean`` → BOOLEAN, an
+    ``array`` of ``string`` → ARRAY<STRING>, of ``number`` / ``integer`` → ARRAY<DOUBLE>
+    (a ``string`` with ``enum`` is a STRING).
+
+    Raises:
+        ConfigError: Not an object schema with ``properties``, or a property of another type or
+            with a name that is not a field name.
+    """
+    if not isinstance(schema, dict) or schema.get("type") != "object" or not isinstance(
+            schema.get("properties"), dict) or not schema["properties"]:
+        raise ConfigError("a structured-output schema must be a JSON object schema with properties "
+                          '({"type": "object", "properties": {...}})')
+    fields = []
+    for name, spec in schema["properties"].items():
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        items = spec.get("items", {}).get("type") if isinstance(spec, dict) and isinstance(
+            spec.get("items"), dict) else None
+        sql_type = _JSON_TYPES.get(kind) if isinstance(kind, str) else None
+        if kind == "array" and isinstance(items, str):
+            sql_type = _JSON_ARRAYS.get(items)
+        if sql_type is None:
+            raise ConfigError(f"structured-output property {name!r} is {spec!r}: a field takes a string, "
+                              "number, integer, boolean or an array of strings or numbers")
+        fields.append(OutputField(name=name, sql_type=sql_type))
+    return tuple(fields)
+
+
+def _structured(content: str, schema: dict[str, Any], fields: tuple[OutputField, ...]) -> dict[str, Any]:
+    """The structured fields of one completion.
+
+    Raises:
+        InvalidModelOutputError: Not a JSON object, a required property missing, a value of
+            another type.
+    """
+    try:
+        value = json.loads(content)
+    except ValueError as exc:
+        raise InvalidModelOutputError(f"the completion is not JSON ({exc}): {content[:200]!r}") from None
+    if not isinstance(value, dict):
+        raise InvalidModelOutputError(f"the completion is JSON but not an object: {content[:200]!r}")
+    required = set(schema.get("required") or ())
+    out: dict[str, Any] = {}
+    for f in fields:
+        item = value.get(f.name)
+        if item is None:
+            if f.name in required:
+                raise InvalidModelOutputError(f"the completion lacks the required field {f.name!r}: "
+                                              f"{content[:200]!r}")
+            out[f.name] = None
+            continue
+        if not _fits(item, f.sql_type):
+            raise InvalidModelOutputError(f"field {f.name!r} of the completion is {item!r}, not "
+                                          f"{f.sql_type.value}")
+        out[f.name] = item
+    return out
+
+
+def _fits(item: Any, sql_type: SqlType) -> bool:
+    number = (int, float)
+    if sql_type is SqlType.STRING:
+        return isinstance(item, str)
+    if sql_type is SqlType.BOOLEAN:
+        return isinstance(item, bool)
+    if sql_type is SqlType.BIGINT:
+        return isinstance(item, int) and not isinstance(item, bool)
+    if sql_type is SqlType.DOUBLE:
+        return isinstance(item, number) and not isinstance(item, bool) and math.isfinite(item)
+    if not isinstance(item, list):
+        return False
+    if sql_type is SqlType.ARRAY_STRING:
+        return all(isinstance(v, str) for v in item)
+    return all(isinstance(v, number) and not isinstance(v, bool) and math.isfinite(v) for v in item)
+
+
+@dataclass(eq=False)
+class OpenAIModel:
+    """A worker's connection to the served model.
+
+    Attributes:
+        session: The connection pool, limiter and retries.
+        prompt_tokens / completion_tokens: Token usage the server reported, summed.
+    """
+
+    session: RemoteSession
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, usage: Any) -> tuple[int | None, int | None]:
+        """Add one answer's ``usage``; returns its ``(prompt_tokens, completion_tokens)``."""
+        if not isinstance(usage, dict):
+            return None, None
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        prompt = prompt if isinstance(prompt, int) else None
+        completion = completion if isinstance(completion, int) else None
+        with self._lock:
+            self.prompt_tokens += prompt or 0
+            self.completion_tokens += completion or 0
+        return prompt, completion
+
+
+class _OpenAIHandler(ModelHandler[Any, Any, OpenAIModel]):
+    """What the embedding and generation handlers share: the endpoint, the health check, the
+    session, the gauges, splitting refused multi-record requests."""
+
+    def __init__(self, *, url: str, model: str, **endpoint: Any) -> None:
+        if not model or any(ord(c) < 0x20 for c in model):
+            raise ConfigError(f"a remote model name must be non-empty without control characters, "
+                              f"got {model!r}")
+        self.endpoint = RemoteEndpoint(url=url, **endpoint)
+        self.model = model
+        self._checked = False
+
+    def check(self) -> None:
+        """The health check a job runs before it starts: the server answers ``/v1/models`` and
+        lists the model.
+
+        Raises:
+            RemoteError: Unreachable, refused, or the model is not listed.
+            ModelError: The answer is not an OpenAI model list.
+        """
+        if self._checked:
+            return
+        listing = self.endpoint.get_json("/v1/models")
+        data = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(data, list):
+            raise ModelError(f"{self.endpoint.url}/v1/models is not an OpenAI model list: is the URL an "
+                             f"OpenAI-compatible server? got {str(listing)[:200]!r}")
+        served = [m.get("id") for m in data if isinstance(m, dict)]
+        if self.model not in served:
+            raise RemoteError(f"{self.endpoint.url} serves no model {self.model!r} (it serves {served})", 404)
+        self._checked = True
+
+    def model_version(self) -> str:
+        return f"openai:{self.model}"
+
+    def load_model(self) -> OpenAIModel:
+        """Check the model from this worker, then open its connection pool.
+
+        Raises:
+            RemoteError / ModelError: As :meth:`check`.
+            ConfigError: The API key cannot be read on this worker.
+        """
+        self._checked = False
+        self.check()
+        return OpenAIModel(RemoteSession(self.endpoint))
+
+    def release_model(self, model: OpenAIModel) -> None:
+        model.session.close()
+
+    def metrics(self, model: OpenAIModel) -> dict[str, Callable[[], int]]:
+        """The session's gauges plus ``remotePromptTokens`` and ``remoteCompletionTokens``."""
+        return {**model.session.gauges(), "remotePromptTokens": lambda: model.prompt_tokens,
+                "remoteCompletionTokens": lambda: model.completion_tokens}
+
+    def prepare_batch(self, batch: Sequence[Any], model: OpenAIModel) -> Prepared:
+        """The examples as a list; lengths: characters (no tokenizer here)."""
+        examples = as_list(batch)
+        return Prepared(examples, np.fromiter((len(self._text(x)) for x in examples), dtype=np.int64,
+                                              count=len(examples)))
+
+    def run_inference(self, batch: Sequence[Any], model: OpenAIModel) -> list[Any]:
+        examples = list(batch)
+        for x in examples:
+            self._text(x)  # a bad example fails the batch, which the runtime bisects
+        return self._answers(examples, model)
+
+    def batch_byte_size(self, batch: Sequence[Any]) -> int:
+        return sum(len(self._text(x).encode("utf-8", "replace")) for x in batch)
+
+    def _text(self, example: Any) -> str:
+        if not isinstance(example, str):
+            raise TypeError(f"expected a text (str), got {type(example).__name__}")
+        return example
+
+    # -- subclasses --------------------------------------------------------------------------
+    rows_per_request: int = 1
+
+    def _request(self, examples: Sequence[Any]) -> tuple[str, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _read(self, answer: Any, examples: Sequence[Any], model: OpenAIModel) -> list[Any]:
+        raise NotImplementedError
+
+    def _answers(self, examples: list[Any], model: OpenAIModel) -> list[Any]:
+        """One prediction, or the error, per example; requests of ``rows_per_request``."""
+        step = self.rows_per_request
+        parts = [examples[i:i + step] for i in range(0, len(examples), step)]
+        answers = model.session.gather([self._request(p) for p in parts])
+        results: list[Any] = []
+        for part, answer in zip(parts, answers, strict=True):
+            if isinstance(answer, RemoteError) and answer.status in _SPLIT_STATUSES and len(part) > 1:
+                singles = model.session.gather([self._request([x]) for x in part])  # once, per record
+                for x, single in zip(part, singles, strict=True):
+                    results.extend(self._outcome(single, [x], model))
+                continue
+            results.extend(self._outcome(answer, part, model))
+        return results
+
+    def _outcome(self, answer: Any, part: list[Any], model: OpenAIModel) -> list[Any]:
+        if isinstance(answer, RemoteError):
+            return [answer] * len(part)
+        try:
+            return self._read(answer, part, model)
+        except RemoteError as exc:
+            return [exc] * len(part)
+
+
+def _choices(answer: Any, k: int, what: str) -> list[dict[str, Any]]:
+    """``k`` entries of an answer's ``choices`` / ``data`` (by their ``index``).
+
+    Raises:
+        RemoteError: Missing, or not ``k`` of them with indices 0..k-1 (status None).
+    """
+    items = answer.get(what) if isinstance(answer, dict) else None
+    if not isinstance(items, list) or len(items) != k or not all(isinstance(i, dict) for i in items):
+        raise RemoteError(f"the answer has {len(items) if isinstance(items, list) else 'no'} {what} for "
+                          f"{k} records: {str(answer)[:200]!r}")
+    by_index = sorted(items, key=lambda i: i.get("index", 0) if isinstance(i.get("index"), int) else 0)
+    if [i.get("index", n) for n, i in enumerate(by_index)] != list(range(k)):
+        raise RemoteError(f"the answer's {what} have the indices {[i.get('index') for i in items]}, "
+                          f"not 0..{k - 1}")
+    return by_index
+
+
+class OpenAIEmbeddingHandler(_OpenAIHandler):
+    """Text embeddings from ``/v1/embeddings`` (see the module docstring).
+
+    Examples are texts; predictions ``(dim,)`` float32 vectors, rendered by
+    :class:`~pyflink_aisp.inference.tasks.EmbeddingTask` (field ``embedding`` ARRAY<FLOAT>),
+    as the server returns them (no normalisation here). The model version is ``openai:{model}``.
+
+    Args:
+        url: The server's base URL (without ``/v1``).
+        model: The model's id on the server (as ``/v1/models`` lists it).
+        rows_per_request: Most texts in one request.
+        dimensions: Ask for this many dimensions (models that support it), or None.
+        api_key_env / api_key_file / ca_file / request_timeout_s / deadline_s / max_attempts /
+        concurrency: As :class:`~pyflink_aisp.inference.handlers.remote.RemoteEndpoint`.
+
+    Raises:
+        ConfigError: A bad URL, timing, key source, ``rows_per_request`` or ``dimensions``.
+    """
+
+    def __init__(self, *, url: str, model: str, rows_per_request: int = 64, dimensions: int | None = None,
+                 **endpoint: Any) -> None:
+        super().__init__(url=url, model=model, **endpoint)
+        if rows_per_request < 1 or (dimensions is not None and dimensions < 1):
+            raise ConfigError(f"rows_per_request and dimensions must be >= 1, got {rows_per_request}, "
+                              f"{dimensions}")
+        self.rows_per_request, self.dimensions = rows_per_request, dimensions
+
+    def task(self, *, with_embedding: bool = False) -> EmbeddingTask:
+        return EmbeddingTask()
+
+    def _request(self, examples: Sequence[Any]) -> tuple[str, dict[str, Any]]:
+        body: dict[str, Any] = {"model": self.model, "input": list(examples), "encoding_format": "float"}
+        if self.dimensions is not None:
+            body["dimensions"] = self.dimensions
+        return "/v1/embeddings", body
+
+    def _read(self, answer: Any, examples: Sequence[Any], model: OpenAIModel) -> list[Any]:
+        model.count(answer.get("usage") if isinstance(answer, dict) else None)
+        out = []
+        for item in _choices(answer, len(examples), "data"):
+            vector = np.asarray(item.get("embedding"), dtype=np.float32)
+            if vector.ndim != 1 or not vector.size or not np.isfinite(vector).all():
+                raise RemoteError(f"an embedding of the answer is not a finite vector: {str(item)[:120]!r}")
+            out.append(vector)
+        return out
+
+
+class OpenAIGenerationHandler(_OpenAIHandler):
+    """Text generation from ``/v1/chat/completions`` or ``/v1/completions`` (see the module
+    docstring): each record's prompt is ``prompt_template`` with ``{text}`` (and ``{text_pair}``,
+    for records mapped with a second text) replaced; other braces are kept as they are.
+
+    Predictions are mappings rendered by :class:`~pyflink_aisp.inference.tasks.GenerationTask`:
+    ``completion``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``, and with
+    ``json_schema`` (chat only) one field per property of the schema
+    (:func:`schema_fields`). The model version is ``openai:{model}``.
+
+    Args:
+        url: The server's base URL (without ``/v1``).
+        model: The model's id on the server.
+        api: ``"chat"`` (one record per request) or ``"completions"`` (``rows_per_request``).
+        prompt_template: The prompt, with ``{text}``.
+        system_prompt: A system message (chat only), or None.
+        max_tokens: Most tokens generated per record.
+        temperature: Sampling temperature (0: greedy).
+        seed: A sampling seed for servers that take one, or None.
+        json_schema: A JSON object schema the completion must follow (chat only), or None.
+        rows_per_request: Most prompts in one ``/v1/completions`` request.
+        api_key_env / ... / concurrency: As :class:`~pyflink_aisp.inference.handlers.remote.RemoteEndpoint`.
+
+    Raises:
+        ConfigError: An unknown ``api``, a template without ``{text}``, a system prompt or
+            schema with ``completions``, a bad schema, or bad numbers.
+    """
+
+    accepts_text_pairs: ClassVar[bool] = True
+
+    def __init__(self, *, url: str, model: str, api: ChatApi = "chat", prompt_template: str = "{text}",
+                 system_prompt: str | None = None, max_tokens: int = 256, temperature: float = 0.0,
+                 seed: int | None = None, json_schema: dict[str, Any] | None = None,
+                 rows_per_request: int = 16, **endpoint: Any) -> None:
+        super().__init__(url=url, model=model, **endpoint)
+        if api not in ("chat", "completions"):
+            raise ConfigError(f"api must be 'chat' or 'completions', got {api!r}")
+        if "{text}" not in prompt_template:
+            raise ConfigError(f"the prompt template must hold {{text}} (the record's text), "
+                              f"got {prompt_template!r}")
+        if api == "completions" and (system_prompt is not None or json_schema is not None):
+            raise ConfigError("a system prompt and a JSON schema need api 'chat' (/v1/chat/completions)")
+        if max_tokens < 1 or not 0.0 <= temperature <= 2.0 or rows_per_request < 1:
+            raise ConfigError(f"need max_tokens >= 1, 0 <= temperature <= 2 and rows_per_request >= 1, got "
+                              f"{max_tokens}, {temperature}, {rows_per_request}")
+        self.structured = schema_fields(json_schema) if json_schema is not None else ()
+        self.api, self.prompt_template, self.system_prompt = api, prompt_template, system_prompt
+        self.max_tokens, self.temperature, self.seed = max_tokens, temperature, seed
+        self.json_schema = json_schema
+        self.rows_per_request = rows_per_request if api == "completions" else 1
+
+    def task(self, *, with_embedding: bool = False) -> GenerationTask:
+        return GenerationTask(structured=self.structured)
+
+    def _text(self, example: Any) -> str:
+        if isinstance(example, tuple) and len(example) == 2 and all(isinstance(t, str) for t in example):
+            return f"{example[0]}\n{example[1]}"
+        return super()._text(example)
+
+    def prompt(self, example: Any) -> str:
+        """The prompt of one example (``{text}`` / ``{text_pair}`` replaced)."""
+        self._text(example)
+        text, pair = example if isinstance(example, tuple) else (example, "")
+        return self.prompt_template.replace("{text_pair}", pair).replace("{text}", text)
+
+    def _sampling(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens,
+                                "temperature": self.temperature}
+        if self.seed is not None:
+            body["seed"] = self.seed
+        return body
+
+    def _request(self, examples: Sequence[Any]) -> tuple[str, dict[str, Any]]:
+        body = self._sampling()
+        if self.api == "completions":
+            body["prompt"] = [self.prompt(x) for x in examples]
+            return "/v1/completions", body
+        (example,) = examples
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        body["messages"] = [*messages, {"role": "user", "content": self.prompt(example)}]
+        if self.json_schema is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "output", "schema": self.json_schema, "strict": True}}
+        return "/v1/chat/completions", body
+
+    def _read(self, answer: Any, examples: Sequence[Any], model: OpenAIModel) -> list[Any]:
+        prompt, completion = model.count(answer.get("usage") if isinstance(answer, dict) else None)
+        if len(examples) > 1:
+            prompt = completion = None  # the request's total, not a record's
+        out: list[Any] = []
+        for choice in _choices(answer, len(examples), "choices"):
+            text = choice.get("text") if self.api == "completions" else (
+                choice.get("message") or {}).get("content")
+            if not isinstance(text, str):
+                raise RemoteError(f"a choice of the answer has no text: {str(choice)[:200]!r}")
+            row: dict[str, Any] = {"completion": text, "finish_reason": str(choice.get("finish_reason")),
+                                   "prompt_tokens": prompt, "completion_tokens": completion}
+            if self.json_schema is not None:
+                try:
+                    row.update(_structured(text, self.json_schema, self.structured))
+                except InvalidModelOutputError as exc:
+                    out.append(exc)
+                    continue
+            out.append(row)
+        return out
