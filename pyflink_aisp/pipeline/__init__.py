@@ -42,6 +42,7 @@ from pyflink_aisp.pipeline._registry import (
     options_from_args,
     registry_from_env,
 )
+from pyflink_aisp.pipeline._remote_options import RemoteApi
 from pyflink_aisp.pipeline._settings import flink_settings, format_job_parameters, restart_settings
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "PipelineOptions",
     "Precision",
     "RegisteredModel",
+    "RemoteApi",
     "RestartStrategy",
     "Runner",
     "RuntimeMode",

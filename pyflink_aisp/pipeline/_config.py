@@ -32,7 +32,6 @@ from pyflink_aisp.device import Device, DeviceKind
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import BatchCuts, BatchingConfig, BreakerConfig, ModelSwapConfig
 from pyflink_aisp.inference.handlers import Pooling
-from pyflink_aisp.inference.handlers.remote import check_base_url, path_segment
 from pyflink_aisp.kafka import FieldMapping, StartupMode, ValueFormat, default_bootstrap_servers
 from pyflink_aisp.pipeline._options import (
     GpuProvider,
@@ -49,6 +48,7 @@ from pyflink_aisp.pipeline._options import (
     render_job_parameter,
     required,
 )
+from pyflink_aisp.pipeline._remote_options import RemoteApi, RemoteOptions
 from pyflink_aisp.pipeline._watch import DeadLetterWatchConfig
 
 __all__ = ["INFERENCE_OPTIONS", "MODEL_DIR_ENV", "OPTIONS", "InferenceOptions", "PipelineOptions",
@@ -92,7 +92,7 @@ def _coerce(options: Any) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class InferenceOptions:
+class InferenceOptions(RemoteOptions):
     """What the inference operators and the SQL functions read: batching, model, worker.
 
     Raises:
@@ -183,31 +183,6 @@ class InferenceOptions:
         'fields (ModelHandler.task).', job_param='aisp.handler', nullable=True)
     handler_args: str | None = opt(None, M, 'Keyword arguments of --handler, a JSON object.',
         job_param='aisp.handler.args', nullable=True)
-    remote_url: str | None = opt(None, M, 'A numeric model on an Open Inference Protocol v2 server (KServe, '
-        'Triton, MLServer) instead of an in-process one, on the feature vectors of --feature-fields: its '
-        'base URL (http:// or https://, no credentials in it); the job writes one field per output of the '
-        "model's metadata.", job_param='aisp.remote.url', nullable=True)
-    remote_model: str | None = opt(None, M, 'The model name on the --remote-url server.',
-        job_param='aisp.remote.model', nullable=True)
-    remote_model_version: str | None = opt(None, M, "The model version on the server (none: the server's "
-        'choice).', job_param='aisp.remote.model-version', nullable=True)
-    remote_api_key_env: str | None = opt(None, M, 'Environment variable on the workers holding the API key '
-        '(sent as Authorization: Bearer; never logged or written).', job_param='aisp.remote.api-key-env',
-        nullable=True)
-    remote_api_key_file: Path | None = opt(None, M, 'File on the workers holding the API key (its first '
-        'line).', job_param='aisp.remote.api-key-file', nullable=True)
-    remote_ca_file: Path | None = opt(None, M, "PEM bundle to verify the server's TLS certificate against "
-        "(default: the system's).", job_param='aisp.remote.ca-file', nullable=True)
-    remote_rows_per_request: int = opt(64, M, 'Most records in one request (one V2 tensor).',
-        unit='records', job_param='aisp.remote.rows-per-request', minimum=1)
-    remote_max_concurrency: int = opt(64, M, 'Most requests in flight per worker: the adaptive limit '
-        '(AIMD) grows towards it while answers come and halves on 429 / 503 / timeouts.',
-        unit='requests', job_param='aisp.remote.max-concurrency', minimum=1)
-    remote_deadline_s: float = opt(30.0, M, 'Longest one request may take, retries with backoff included; '
-        'its records are then remote_timeout dead letters.', unit='s', job_param='aisp.remote.deadline-s',
-        minimum=0.001)
-    remote_request_timeout_s: float = opt(10.0, M, 'Longest one attempt may take.', unit='s',
-        job_param='aisp.remote.request-timeout-s', minimum=0.001)
     stats_dir: Path | None = opt(None, M, 'SQL functions: directory where each worker writes its batch '
         'statistics as JSON.', job_param='aisp.stats.dir', nullable=True)
     arrow_batch_size: int = opt(1024, W, 'python.fn-execution.arrow.batch.size: most records per Arrow '
@@ -254,6 +229,9 @@ class InferenceOptions:
                 raise ConfigError("--handler-args applies to --handler only")
             self.handler_kwargs()
         self._check_remote()
+        if self.remote_url is not None and self.model_pointer is not None:
+            raise ConfigError("--model-pointer (hot swap) is for in-process models: a remote model is "
+                              "swapped on its server")
         if self.top_k and self.classifier is None:
             raise ConfigError("--top-k applies to --classifier only")
         if self.precision is not Precision.FP32 and self.runtime is not InferenceRuntime.TORCH:
@@ -263,41 +241,6 @@ class InferenceOptions:
         if self.runtime is InferenceRuntime.TORCH and self.model_pointer is not None:
             raise ConfigError("--model-pointer (hot swap) needs --runtime onnx: the torch handler "
                               "cannot swap")
-
-    def _check_remote(self) -> None:
-        """``--remote-*`` go with ``--remote-url`` and ``--remote-model``; no credentials in the URL."""
-        remote = [o.flag for o in options_of(InferenceOptions) if o.name.startswith("remote_")
-                  and o.name not in ("remote_url", "remote_model") and getattr(self, o.name) != o.default]
-        if self.remote_url is None:
-            if self.remote_model is not None or remote:
-                flags = ["--remote-model"] * (self.remote_model is not None) + remote
-                raise ConfigError(f"{', '.join(flags)} apply to --remote-url only")
-            return
-        if not self.remote_url.strip():
-            raise ConfigError("--remote-url is empty: give the server's base URL (e.g. http://triton:8000)")
-        try:
-            check_base_url(self.remote_url)
-        except ConfigError as exc:
-            raise ConfigError(f"--remote-url: {exc}") from None
-        if self.remote_model is None:
-            raise ConfigError("--remote-url needs --remote-model (the model's name on the server)")
-        for flag, kind, value in (("--remote-model", "model name", self.remote_model),
-                                  ("--remote-model-version", "model version", self.remote_model_version)):
-            if value is not None:
-                try:
-                    path_segment(kind, value)
-                except ConfigError as exc:
-                    raise ConfigError(f"{flag}: {exc}") from None
-        if self.remote_api_key_env is not None and self.remote_api_key_file is not None:
-            raise ConfigError("give the API key by --remote-api-key-env or --remote-api-key-file, not both")
-        if self.remote_ca_file is not None and not self.remote_ca_file.is_file():
-            raise ConfigError(f"--remote-ca-file {self.remote_ca_file} is not a file")
-        if self.remote_request_timeout_s > self.remote_deadline_s:
-            raise ConfigError(f"--remote-request-timeout-s ({self.remote_request_timeout_s:g}) must not "
-                              f"exceed --remote-deadline-s ({self.remote_deadline_s:g})")
-        if self.model_pointer is not None:
-            raise ConfigError("--model-pointer (hot swap) is for in-process models: a remote model is "
-                              "swapped on its server")
 
     # -- derived configs -----------------------------------------------------------------
 
@@ -568,9 +511,11 @@ class PipelineOptions(InferenceOptions):
         except ConfigError as exc:
             raise ConfigError(f"--value-format / --text-field / --text-pair-field / --id-field / "
                               f"--keep-fields / --feature-fields / --schema-registry-url: {exc}") from None
-        if (self.predictor is not None or self.remote_url is not None) != bool(self.feature_fields):
-            raise ConfigError("--predictor and --remote-url read the feature vectors of --feature-fields: "
-                              "give both, or neither")
+        v2 = self.remote_url is not None and self.remote_api is RemoteApi.V2
+        numeric = self.predictor is not None or v2
+        if numeric != bool(self.feature_fields):
+            raise ConfigError("--predictor and --remote-url (--remote-api v2) read the feature vectors of "
+                              "--feature-fields: give both, or neither")
         if self.feature_fields and self.operator is Runner.ASYNC:
             raise ConfigError("--feature-fields runs on --operator arrow (the default): the async operator "
                               "carries texts")

@@ -15,10 +15,16 @@ from pyflink_aisp.inference.handlers import (
     SentimentHandler,
     TorchSentimentHandler,
 )
-from pyflink_aisp.inference.handlers.remote import LimiterConfig, V2PredictorHandler
+from pyflink_aisp.inference.handlers.remote import (
+    LimiterConfig,
+    OpenAIEmbeddingHandler,
+    OpenAIGenerationHandler,
+    V2PredictorHandler,
+)
 from pyflink_aisp.models import ensure_model_assets, load_model_assets
 from pyflink_aisp.pipeline._config import InferenceOptions
 from pyflink_aisp.pipeline._options import GpuProvider, InferenceRuntime
+from pyflink_aisp.pipeline._remote_options import RemoteApi
 
 __all__ = ["handler_for", "model_assets", "onnx_providers", "remote_handler", "user_handler"]
 
@@ -76,21 +82,32 @@ def user_handler(path: str, kwargs: dict[str, Any]) -> ModelHandler[Any, Any, An
     return handler
 
 
-def remote_handler(options: InferenceOptions) -> V2PredictorHandler:
-    """The Open Inference Protocol v2 handler of ``--remote-url`` and the ``--remote-*`` options.
+def remote_handler(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
+    """The handler of ``--remote-url`` and the ``--remote-*`` options: Open Inference Protocol v2
+    (``--remote-api v2``), or OpenAI-compatible embeddings or generation (with the generation
+    options).
 
     Raises:
-        ConfigError: Bad endpoint options.
+        ConfigError: Bad endpoint or generation options.
     """
     assert options.remote_url is not None and options.remote_model is not None  # checked by the options
     concurrency = LimiterConfig(initial=min(4, options.remote_max_concurrency),
                                 maximum=options.remote_max_concurrency)
-    return V2PredictorHandler(
-        url=options.remote_url, model=options.remote_model, version=options.remote_model_version,
-        rows_per_request=options.remote_rows_per_request, api_key_env=options.remote_api_key_env,
-        api_key_file=options.remote_api_key_file, ca_file=options.remote_ca_file,
-        request_timeout_s=options.remote_request_timeout_s, deadline_s=options.remote_deadline_s,
-        concurrency=concurrency)
+    endpoint: dict[str, Any] = {
+        "url": options.remote_url, "model": options.remote_model,
+        "api_key_env": options.remote_api_key_env, "api_key_file": options.remote_api_key_file,
+        "ca_file": options.remote_ca_file, "request_timeout_s": options.remote_request_timeout_s,
+        "deadline_s": options.remote_deadline_s, "concurrency": concurrency}
+    api, rows = options.remote_api, options.remote_rows_per_request
+    if api is RemoteApi.V2:
+        return V2PredictorHandler(version=options.remote_model_version, rows_per_request=rows, **endpoint)
+    if api is RemoteApi.OPENAI_EMBEDDINGS:
+        return OpenAIEmbeddingHandler(rows_per_request=rows, **endpoint)
+    return OpenAIGenerationHandler(
+        api="chat" if api is RemoteApi.OPENAI_CHAT else "completions", rows_per_request=rows,
+        prompt_template=options.prompt_template, system_prompt=options.system_prompt,
+        max_tokens=options.max_tokens, temperature=options.temperature, seed=options.seed,
+        json_schema=options.json_schema_value(), **endpoint)
 
 
 def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:

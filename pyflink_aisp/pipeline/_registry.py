@@ -21,6 +21,12 @@ The file::
         task: predict
         remote-url: http://triton:8000
         remote-model: fraud
+      label_llm:                  # a chat model on an OpenAI-compatible server (vLLM, llama.cpp)
+        task: generate
+        remote-url: http://vllm:8000
+        remote-model: Qwen/Qwen2.5-1.5B-Instruct
+        prompt-template: "Sentiment of this review, one word: {text}"
+        max-tokens: 4
       lexicon:
         task: handler
         class: lexicon_handler:LexiconHandler   # importable on the workers
@@ -29,8 +35,12 @@ The file::
 What each task's ``path`` is: ``classify`` a HF sequence-classification directory
 (``--classifier``), ``embed`` an ONNX encoder file with its ``tokenizer``
 (``--encoder-onnx``, ``--encoder-tokenizer``), ``predict`` a numeric ONNX model
-(``--predictor``; or none, with ``remote-url`` and ``remote-model``), ``sentiment`` the
-project's model directory (optional: the cached build). Every other key is an option of the
+(``--predictor``), ``sentiment`` the project's model directory (optional: the cached build).
+A model on a server has ``remote-url`` and ``remote-model`` instead of a path: ``predict`` on
+an Open Inference Protocol v2 server, ``embed`` on an OpenAI-compatible one
+(``/v1/embeddings``), ``generate`` (only there) by ``remote-api`` ``openai-chat`` (the default)
+or ``openai-completions``, with the generation options (``prompt-template``, ``max-tokens``,
+``json-schema``, ...). Every other key is an option of the
 model, batching or worker group (``docs/options.md``) by its flag's name without ``--``;
 options of the job (topics, checkpoints) are the job's, not a model's.
 """
@@ -53,6 +63,7 @@ from pyflink_aisp.inference import ModelHandler
 from pyflink_aisp.pipeline._config import INFERENCE_OPTIONS, InferenceOptions, PipelineOptions
 from pyflink_aisp.pipeline._handlers import handler_for
 from pyflink_aisp.pipeline._options import Option, OptionGroup
+from pyflink_aisp.pipeline._remote_options import RemoteApi
 
 __all__ = ["MODELS_ENV", "ModelRegistry", "ModelTask", "RegisteredModel", "load_registry",
            "options_from_args", "registry_from_env"]
@@ -69,10 +80,17 @@ class ModelTask(enum.StrEnum):
     CLASSIFY = "classify"
     EMBED = "embed"
     PREDICT = "predict"
+    GENERATE = "generate"
     SENTIMENT = "sentiment"
     HANDLER = "handler"
 
 
+#: The ``remote-api`` values a task's model on a server may speak (the first is the default).
+_REMOTE_APIS: dict[ModelTask, tuple[RemoteApi, ...]] = {
+    ModelTask.PREDICT: (RemoteApi.V2,),
+    ModelTask.EMBED: (RemoteApi.OPENAI_EMBEDDINGS,),
+    ModelTask.GENERATE: (RemoteApi.OPENAI_CHAT, RemoteApi.OPENAI_COMPLETIONS),
+}
 #: The options that name the model: set from ``task``/``path``, never by a key.
 _IDENTITY = ("model_dir", "encoder_onnx", "encoder_tokenizer", "classifier", "predictor", "handler",
              "handler_args")
@@ -178,6 +196,10 @@ def _entry(name: str, entry: Any, base_dir: Path, where: str) -> RegisteredModel
             option = _KEYS[key]
             values[option.name] = option.parse(_value_text(value), where=f"{where}: model {name}: {key}")
 
+    schema = values.get("json_schema")
+    if isinstance(schema, str) and schema.startswith("@") and not Path(schema[1:]).is_absolute():
+        values["json_schema"] = f"@{base_dir / schema[1:]}"  # a schema file beside the registry
+
     def path(key: str, required: bool = True) -> Path | None:
         if entry.get(key) is None:
             if required:
@@ -191,9 +213,20 @@ def _entry(name: str, entry: Any, base_dir: Path, where: str) -> RegisteredModel
 
     if task is ModelTask.CLASSIFY:
         values["classifier"] = path("path")
+    elif "remote-url" in entry and task in _REMOTE_APIS:
+        # a model on a server is named by remote-url and remote-model instead of a path
+        if entry.get("path") is not None or entry.get("tokenizer") is not None:
+            raise ConfigError(f"{where}: model {name}: a model on a server (remote-url) has no path or "
+                              "tokenizer: the server owns its files")
+        api = values.setdefault("remote_api", _REMOTE_APIS[task][0])
+        if api not in _REMOTE_APIS[task]:
+            raise ConfigError(f"{where}: model {name}: task {task.value} takes remote-api "
+                              f"{' or '.join(a.value for a in _REMOTE_APIS[task])}, not {api.value}")
+    elif task is ModelTask.GENERATE:
+        raise ConfigError(f"{where}: model {name}: task generate needs remote-url and remote-model (an "
+                          "OpenAI-compatible server)")
     elif task is ModelTask.PREDICT:
-        # a numeric model on a V2 server is named by remote-url and remote-model instead of a path
-        values["predictor"] = path("path", required="remote-url" not in entry)
+        values["predictor"] = path("path")
     elif task is ModelTask.EMBED:
         values["encoder_onnx"], values["encoder_tokenizer"] = path("path"), path("tokenizer")
     elif task is ModelTask.SENTIMENT:

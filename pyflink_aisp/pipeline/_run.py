@@ -41,6 +41,7 @@ from pyflink_aisp.pipeline._config import PipelineOptions
 from pyflink_aisp.pipeline._failfast import TERMINAL, check_dead_letter_rate, wait_failing_fast
 from pyflink_aisp.pipeline._handlers import handler_for, model_assets
 from pyflink_aisp.pipeline._plan import InputPlan, group_or_earliest, plan_input, rest_url
+from pyflink_aisp.pipeline._remote_options import RemoteApi
 from pyflink_aisp.pipeline._watch import likely_fix
 
 __all__ = ["model_files", "run_job"]
@@ -64,7 +65,8 @@ def model_files(options: PipelineOptions) -> dict[str, str]:
         return {options.predictor.name: file_sha256(options.predictor)}
     if options.remote_url is not None:  # the server owns the files: the model's URL and version
         handler = handler_for(options)
-        return {f"{options.remote_url}/v2/models/{options.remote_model}": handler.model_version()}
+        route = "v2/models" if options.remote_api is RemoteApi.V2 else "v1/models"
+        return {f"{options.remote_url.rstrip('/')}/{route}/{options.remote_model}": handler.model_version()}
     if options.encoder_onnx is not None and options.encoder_tokenizer is not None:
         return {options.encoder_onnx.name: file_sha256(options.encoder_onnx),
                 options.encoder_tokenizer.name: file_sha256(options.encoder_tokenizer)}

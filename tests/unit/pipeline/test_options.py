@@ -22,6 +22,7 @@ from pyflink_aisp.pipeline import (
     InferenceOptions,
     OptionGroup,
     PipelineOptions,
+    RemoteApi,
     Runner,
     default_bundle_time_ms,
     flink_settings,
@@ -35,6 +36,7 @@ from pyflink_aisp.pipeline._options import (
     read_job_parameters,
     render_job_parameter,
 )
+from pyflink_aisp.pipeline._remote_options import GENERATION_OPTION_NAMES
 
 BASE = ["--input-topic", "in", "--output-topic", "out"]
 
@@ -198,7 +200,8 @@ def test_every_job_parameter_round_trips(tmp_path: Path) -> None:
     params = options.job_parameters()
     # they exclude the encoder: below (each names the model; unset paths are left out)
     classifier = ("classifier", "top_k", "predictor", "handler", "handler_args")
-    remote = tuple(o.name for o in OPTIONS if o.name.startswith("remote_"))  # below, with their model
+    remote = tuple(o.name for o in OPTIONS if o.name.startswith("remote_")  # below, with their model
+                   or o.name in GENERATION_OPTION_NAMES)
     unset_paths = ("classifier", "predictor", "remote_api_key_file", "remote_ca_file")
     assert set(params) == {o.job_param for o in OPTIONS
                            if o.job_param is not None and o.name not in unset_paths}
@@ -231,8 +234,24 @@ def test_the_remote_job_parameters_round_trip(tmp_path: Path) -> None:
         "aisp.remote.model-version": "3", "aisp.remote.api-key-env": "FRAUD_KEY",
         "aisp.remote.ca-file": str(tmp_path / "ca.pem"), "aisp.remote.rows-per-request": "7",
         "aisp.remote.max-concurrency": "9", "aisp.remote.deadline-s": "12.5",
-        "aisp.remote.request-timeout-s": "2.5"}
+        "aisp.remote.request-timeout-s": "2.5", "aisp.remote.api": "v2"}
     assert InferenceOptions.from_job_parameters(get_from(params)) == options
+
+
+def test_the_generation_job_parameters_round_trip() -> None:
+    schema = '{"type": "object", "properties": {"label": {"type": "string"}}}'
+    options = InferenceOptions(
+        remote_url="http://llm:8080", remote_model="smollm2", remote_api=RemoteApi.OPENAI_CHAT,
+        prompt_template="Review: {text}\nSentiment:", system_prompt="One word.", max_tokens=4,
+        temperature=0.7, seed=11, json_schema=schema)
+    params = options.job_parameters()
+    assert {k: v for k, v in params.items() if k.startswith("aisp.generate.")} == {
+        "aisp.generate.prompt-template": "Review: {text}\nSentiment:",
+        "aisp.generate.system-prompt": "One word.",
+        "aisp.generate.max-tokens": "4", "aisp.generate.temperature": "0.7", "aisp.generate.seed": "11",
+        "aisp.generate.json-schema": schema}
+    assert InferenceOptions.from_job_parameters(get_from(params)) == options
+    assert options.json_schema_value() == json.loads(schema)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -251,6 +270,25 @@ def test_the_remote_job_parameters_round_trip(tmp_path: Path) -> None:
       "remote_api_key_file": Path("k")}, "--remote-api-key-env or --remote-api-key-file, not both"),
     ({"remote_url": "http://h", "remote_model": "m", "remote_ca_file": Path("/no/ca.pem")},
      "--remote-ca-file /no/ca.pem is not a file"),
+    ({"max_tokens": 5}, "--max-tokens apply to --remote-url only"),
+    ({"remote_url": "http://h", "remote_model": "m", "prompt_template": "x {text}"},
+     "--prompt-template apply to --remote-api openai-chat or openai-completions, not v2"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_api": "openai-chat",
+      "prompt_template": "no text"},
+     "--prompt-template must hold {text}"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_api": "openai-completions",
+      "system_prompt": "be brief"}, "--system-prompt and --json-schema need --remote-api openai-chat"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_api": "openai-chat", "json_schema": "[1]"},
+     "--json-schema must be a JSON object schema"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_api": "openai-chat",
+      "json_schema": "@/no/s.json"},
+     "--json-schema @/no/s.json: cannot read it"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_api": "openai-chat",
+      "json_schema": '{"type": "object", "properties": {"x": {"type": "object"}}}'}, "--json-schema: .*'x'"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_api": "openai-chat", "temperature": 2.5},
+     "--temperature must be <= 2"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_api": "openai-embeddings",
+      "remote_model_version": "2"}, "--remote-model-version is for --remote-api v2"),
 ])
 def test_remote_options_are_refused_in_one_line(kwargs, message) -> None:
     with pytest.raises(ConfigError, match=message) as info:
@@ -303,6 +341,13 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.remote.max-concurrency": "64",
         "aisp.remote.deadline-s": "30.0",
         "aisp.remote.request-timeout-s": "10.0",
+        "aisp.remote.api": "v2",
+        "aisp.generate.prompt-template": "{text}",
+        "aisp.generate.system-prompt": "none",
+        "aisp.generate.max-tokens": "256",
+        "aisp.generate.temperature": "0.0",
+        "aisp.generate.seed": "none",
+        "aisp.generate.json-schema": "none",
     }
     assert InferenceOptions.from_job_parameters(get_from(params)) == InferenceOptions()
 

@@ -12,6 +12,7 @@ from pyflink_aisp.errors import (
     DecodeError,
     InferenceError,
     InferenceTimeoutError,
+    InvalidModelOutputError,
     RemoteError,
     RemoteTimeoutError,
     TokenizeError,
@@ -60,6 +61,7 @@ def test_reason_values_are_the_dead_letter_reasons() -> None:
         "INFERENCE_TIMEOUT": "inference_timeout",
         "REMOTE_ERROR": "remote_error",
         "REMOTE_TIMEOUT": "remote_timeout",
+        "INVALID_MODEL_OUTPUT": "invalid_model_output",
         "OVERSIZED_OUTPUT": "oversized_output",
     }
     assert Reason.INVALID_JSON == "invalid_json" and str(Reason.INFERENCE_TIMEOUT) == "inference_timeout"
@@ -77,6 +79,7 @@ def test_reason_of_a_decode_error_is_its_own(reason: Reason) -> None:
         (InferenceTimeoutError("waited too long"), Reason.INFERENCE_TIMEOUT),
         (RemoteError("/v2/models/m/infer: HTTP 400: bad shape", 400), Reason.REMOTE_ERROR),
         (RemoteTimeoutError("no answer within the 30 s deadline", 503), Reason.REMOTE_TIMEOUT),
+        (InvalidModelOutputError("the completion is not JSON"), Reason.INVALID_MODEL_OUTPUT),
         (InferenceError("batcher closed"), Reason.INFERENCE_ERROR),
         (TokenizeError("not a str"), Reason.INFERENCE_ERROR),
         (RuntimeError("inference_timeout: a message is not a type"), Reason.INFERENCE_ERROR),

@@ -12,7 +12,11 @@ import pytest
 
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference.handlers import OnnxClassifierHandler, OnnxEncoderHandler, OnnxPredictorHandler
-from pyflink_aisp.inference.handlers.remote import V2PredictorHandler
+from pyflink_aisp.inference.handlers.remote import (
+    OpenAIEmbeddingHandler,
+    OpenAIGenerationHandler,
+    V2PredictorHandler,
+)
 from pyflink_aisp.inference.tasks import SqlType
 from pyflink_aisp.models import build_intent_head
 from pyflink_aisp.pipeline import ModelTask, load_registry, options_from_args, registry_from_env
@@ -109,7 +113,12 @@ def test_entries_become_options_with_paths_relative_to_the_file(tmp_path, head):
     ("models:\n  a: {task: predict}", "task predict needs 'path'"),
     ("models:\n  a: {task: predict, remote-url: 'http://h:8000'}", "--remote-url needs --remote-model"),
     ("models:\n  a: {task: predict, path: ., remote-url: 'http://h', remote-model: m}",
-     "each name the model"),
+     "a model on a server \\(remote-url\\) has no path"),
+    ("models:\n  a: {task: generate}", "task generate needs remote-url and remote-model"),
+    ("models:\n  a: {task: generate, remote-url: 'http://h', remote-model: m, remote-api: v2}",
+     "task generate takes remote-api openai-chat or openai-completions, not v2"),
+    ("models:\n  a: {task: embed, remote-url: 'http://h', remote-model: m, max-tokens: 3}",
+     "--max-tokens apply to --remote-api openai-chat or openai-completions"),
     ("models:\n  a: {task: predict, path: ., input-topic: t}", r"unknown key\(s\) \['input-topic'\]"),
     ("models:\n  a: {task: predict, path: ., max-batch-size: 0}", "model a: max-batch-size must be >= 1"),
     ("models:\n  a: {task: predict, path: ., device: tpu}", "model a: device"),
@@ -149,6 +158,27 @@ def test_a_predict_entry_on_a_v2_server_builds_the_remote_handler(tmp_path):
     assert (handler.endpoint.url, handler.model) == ("https://triton:8000", "fraud")
     assert handler.rows_per_request == 8
     assert handler.endpoint.api_key_env == "FRAUD_KEY" and handler.model_version() == "v2:fraud"
+
+
+def test_generate_and_embed_entries_on_an_openai_server_build_their_handlers(tmp_path):
+    (tmp_path / "label.json").write_text('{"type": "object", "properties": {"label": {"type": "string"}}, '
+                                         '"required": ["label"]}')
+    path = _write(tmp_path, "models:\n"
+                  "  judge: {task: generate, remote-url: 'http://llm:8080', remote-model: smollm2, "
+                  "prompt-template: 'Review: {text}', max-tokens: 8, seed: 3, json-schema: '@label.json'}\n"
+                  "  bulk: {task: generate, remote-url: 'http://llm:8080', remote-model: smollm2, "
+                  "remote-api: openai-completions, remote-rows-per-request: 4}\n"
+                  "  vectors: {task: embed, remote-url: 'http://emb:8080', remote-model: minilm}\n")
+    base = ["--input-topic", "in", "--output-topic", "out", "--models", str(path), "--model"]
+    judge = handler_for(options_from_args([*base, "judge"]))  # the schema file beside the registry
+    assert isinstance(judge, OpenAIGenerationHandler) and judge.api == "chat"
+    assert (judge.prompt_template, judge.max_tokens, judge.seed) == ("Review: {text}", 8, 3)
+    assert [f.name for f in judge.task().fields][-1] == "label" and judge.model_version() == "openai:smollm2"
+    bulk = handler_for(options_from_args([*base, "bulk"]))
+    assert isinstance(bulk, OpenAIGenerationHandler)
+    assert (bulk.api, bulk.rows_per_request) == ("completions", 4)
+    vectors = handler_for(options_from_args([*base, "vectors"]))
+    assert isinstance(vectors, OpenAIEmbeddingHandler) and vectors.endpoint.url == "http://emb:8080"
 
 
 def test_models_and_model_go_together(tmp_path, head, capsys):
