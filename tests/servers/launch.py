@@ -37,30 +37,41 @@ def kserve_server(models: dict[str, Path], log_path: Path, *, timeout_s: float =
         raise FileNotFoundError(f"{python} is missing: run `make servers` (make test does)")
     http_port, grpc_port = find_free_port(), find_free_port()
     specs = [arg for name, path in models.items() for arg in ("--onnx", f"{name}={path}")]
+    url = f"http://127.0.0.1:{http_port}"
+    with _serve([str(python), str(HERE / "kserve_onnx.py"), "--http_port", str(http_port), "--grpc_port",
+                 str(grpc_port), "--workers", "1", *specs], f"{url}/v2/health/ready", log_path, timeout_s,
+                "the KServe server"):
+        yield url
+
+
+@contextlib.contextmanager
+def _serve(args: list[str], ready_url: str, log_path: Path, timeout_s: float, name: str) -> Iterator[None]:
+    """Run ``args`` (output to ``log_path``) until the block ends; first wait until ``ready_url``
+    answers 200.
+
+    Raises:
+        RuntimeError: It exited or did not answer within ``timeout_s`` (the log's tail in the message).
+    """
     with log_path.open("wb") as log:
-        server = subprocess.Popen([str(python), str(HERE / "kserve_onnx.py"), "--http_port", str(http_port),
-                                   "--grpc_port", str(grpc_port), "--workers", "1", *specs],
-                                  stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{http_port}"
+        server = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + timeout_s
             while True:
                 try:
-                    if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
+                    if httpx.get(ready_url, timeout=2).status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the KServe server did not start: {log_path.read_text()[-2000:]}")
-                time.sleep(0.5)
-            yield url
+                    raise RuntimeError(f"{name} did not start: {log_path.read_text()[-2000:]}")
+                time.sleep(0.3)
+            yield
         finally:
             server.terminate()
             try:
                 server.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 server.kill()
-
 
 def llama_home() -> Path:
     """Where ``make servers`` puts ``bin/llama-server`` and ``models/*.gguf``."""
@@ -92,24 +103,6 @@ def llama_server(model: Path, alias: str, log_path: Path, *, embeddings: bool = 
             "-c", str(context * parallel), "-np", str(parallel), "-t", "2", "--no-webui"]
     if embeddings:
         args += ["--embeddings", "--pooling", "mean"]
-    with log_path.open("wb") as log:
-        server = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"llama-server did not start: {log_path.read_text()[-2000:]}")
-                time.sleep(0.3)
-            yield url
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
+    url = f"http://127.0.0.1:{port}"
+    with _serve(args, f"{url}/health", log_path, timeout_s, "llama-server"):
+        yield url
