@@ -73,6 +73,7 @@ def _serve(args: list[str], ready_url: str, log_path: Path, timeout_s: float, na
             except subprocess.TimeoutExpired:
                 server.kill()
 
+
 def llama_home() -> Path:
     """Where ``make servers`` puts ``bin/llama-server`` and ``models/*.gguf``."""
     return aisp_home() / "servers" / "llama.cpp"
