@@ -286,6 +286,8 @@ class KafkaBroker:
                          "restarting it", pid, self.pid_path)  # fmt: skip
             self.stop()
             pid = None
+            ports = (self.config.port, self.config.controller_port)  # freed just after the exit
+            wait_until(lambda: all(port_is_free(p) for p in ports), 15.0, 0.1)
         if pid is not None:
             self._wait_ready(pid)
             return pid
