@@ -46,7 +46,8 @@ def test_a_chat_model_judges_each_record_once_as_a_structured_field(stack, revie
         "--output-topic", out_topic, "--text-field", "/body", "--id-field", "/review_id",
         "--keep-fields", "/lang",
         "--remote-url", openai_server, "--remote-api", "openai-chat", "--remote-model", "smollm2",
-        "--prompt-template", TEMPLATE, "--json-schema", json.dumps(SCHEMA), "--max-tokens", "24"),
+        "--prompt-template", TEMPLATE, "--json-schema", json.dumps(SCHEMA), "--max-tokens", "24",
+        "--remote-request-timeout-s", "60", "--remote-deadline-s", "120"),
         {out_topic: N, f"{out_topic}.dlq": 1})
     assert f": {N + 1} in, {N} out, 1 dead letters" in stdout
     docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in read[out_topic]}
@@ -75,7 +76,8 @@ def test_embeddings_from_the_server_score_the_stream(stack, reviews, openai_embe
         "--output-topic", out_topic, "--text-field", "/body", "--id-field", "/review_id",
         "--startup-mode", "earliest", "--checkpoint-interval-ms", "1000",
         "--remote-url", openai_embedding_server, "--remote-api", "openai-embeddings",
-        "--remote-model", "smollm2-embed", "--remote-rows-per-request", "8"),
+        "--remote-model", "smollm2-embed", "--remote-rows-per-request", "8",
+        "--remote-request-timeout-s", "60", "--remote-deadline-s", "120"),
         {out_topic: N, f"{out_topic}.dlq": 1})
     docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in read[out_topic]}
     assert sorted(docs) == sorted(reviews) and len(read[out_topic]) == N

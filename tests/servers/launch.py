@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import subprocess
 import time
@@ -106,4 +107,11 @@ def llama_server(model: Path, alias: str, log_path: Path, *, embeddings: bool = 
         args += ["--embeddings", "--pooling", "mean"]
     url = f"http://127.0.0.1:{port}"
     with _serve(args, f"{url}/health", log_path, timeout_s, "llama-server"):
+        # the first requests on fresh slots take seconds (buffers allocated, caches cold): one per slot
+        # here, so that the tests time what a warm server does
+        route, body = (("/v1/embeddings", {"model": alias, "input": ["warm up"]}) if embeddings else
+                       ("/v1/completions", {"model": alias, "prompt": "Hello", "max_tokens": 2}))
+        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+            list(pool.map(lambda _: httpx.post(f"{url}{route}", json=body, timeout=timeout_s),
+                          range(parallel)))
         yield url
