@@ -147,12 +147,14 @@ def openai_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def openai_embedding_server(tmp_path_factory: pytest.TempPathFactory):
     """``llama-server --embeddings`` (mean pooling) over the same SmolLM2 GGUF, as model
-    ``smollm2-embed``: its base URL."""
+    ``smollm2-embed``, on one slot: its base URL. (With two slots this llama.cpp build gave a text
+    other embeddings, by up to 0.5, depending on the texts it shared a request with; with one it
+    gives each text one embedding.)"""
     launch = _launch()
     folder = tmp_path_factory.mktemp("llama-embed")
     try:
         with launch.llama_server(launch.smollm2_gguf(), "smollm2-embed", folder / "llama.log",
-                                 embeddings=True, parallel=2, context=512) as url:
+                                 embeddings=True, parallel=1, context=2048) as url:
             yield url
     except (FileNotFoundError, RuntimeError) as exc:
         pytest.fail(str(exc))
