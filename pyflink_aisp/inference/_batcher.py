@@ -336,11 +336,10 @@ class MicroBatcher(Generic[T, R]):
         outcomes = self._run_isolating([p.item for p in batch], self._run_batch)
         self._cap_after_oom(len(batch))
         done = self._clock()
-        failed = 0
+        failed = sum(isinstance(outcome, _Failed) for outcome in outcomes)
+        self.stats.failed += failed  # counted before a caller can see its result (and read the gauge)
         for pending, outcome in zip(batch, outcomes, strict=True):
-            failed += isinstance(outcome, _Failed)
             _resolve(pending.future, outcome.error if isinstance(outcome, _Failed) else outcome)
-        self.stats.failed += failed
         self._report(size=len(batch), padded_tokens=len(batch) * max(p.tokens for p in batch),
                      queue_wait_s=tuple(dispatched - p.arrived_s for p in batch),
                      latencies_s=[done - p.arrived_s for p in batch],
