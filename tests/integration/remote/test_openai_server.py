@@ -12,7 +12,7 @@ import pytest
 
 from pyflink_aisp.chaos import FaultProxy, Faults
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.errors import RemoteError
+from pyflink_aisp.errors import InvalidModelOutputError, RemoteError
 from pyflink_aisp.inference.handlers.remote import OpenAIEmbeddingHandler, OpenAIGenerationHandler
 
 pytestmark = pytest.mark.integration
@@ -58,9 +58,14 @@ def test_structured_output_parses_into_the_schemas_fields(openai_server, reviews
                                       json_schema=SCHEMA, max_tokens=24, **SLOW)
     out, _ = _run(handler, reviews)
     assert [f.name for f in handler.task().fields][-1] == "sentiment"
-    assert all(isinstance(o, dict) for o in out), [o for o in out if not isinstance(o, dict)]
-    assert {o["sentiment"] for o in out} <= {"positive", "negative"}
-    assert all(f'"{o["sentiment"]}"' in o["completion"] for o in out)  # parsed from the completion itself
+    # the grammar lets SmolLM2 pad with whitespace until max_tokens cuts the object: such a record is
+    # an invalid_model_output, never a half-parsed row
+    bad = [o for o in out if not isinstance(o, dict)]
+    assert all(isinstance(o, InvalidModelOutputError) and "not JSON" in str(o) for o in bad), bad
+    parsed = [o for o in out if isinstance(o, dict)]
+    assert len(parsed) >= len(out) // 2, bad
+    assert {o["sentiment"] for o in parsed} <= {"positive", "negative"}
+    assert all(f'"{o["sentiment"]}"' in o["completion"] for o in parsed)  # parsed from the completion
 
 
 def test_completions_take_many_prompts_per_request(openai_server, reviews) -> None:
