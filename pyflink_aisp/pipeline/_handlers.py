@@ -92,7 +92,9 @@ def remote_handler(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
     """
     assert options.remote_url is not None and options.remote_model is not None  # checked by the options
     concurrency = LimiterConfig(initial=min(4, options.remote_max_concurrency),
-                                maximum=options.remote_max_concurrency)
+                                maximum=options.remote_max_concurrency,
+                                max_requests_per_s=options.remote_max_requests_per_s,
+                                max_tokens_per_min=options.remote_max_tokens_per_min)
     endpoint: dict[str, Any] = {
         "url": options.remote_url, "model": options.remote_model,
         "api_key_env": options.remote_api_key_env, "api_key_file": options.remote_api_key_file,

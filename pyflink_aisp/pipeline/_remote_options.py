@@ -69,6 +69,13 @@ class RemoteOptions:
     remote_max_concurrency: int = opt(64, M, 'Most requests in flight per worker: the adaptive limit '
         '(AIMD) grows towards it while answers come and halves on 429 / 503 / timeouts.',
         unit='requests', job_param='aisp.remote.max-concurrency', minimum=1)
+    remote_max_requests_per_s: float | None = opt(None, M, 'A fixed limit on request starts per worker '
+        '(each parallel instance), on top of the adaptive one; starts are spaced by 1 / rate.',
+        unit='requests/s', job_param='aisp.remote.max-requests-per-s', nullable=True, minimum=0.001)
+    remote_max_tokens_per_min: float | None = opt(None, M, "OpenAI APIs: a fixed limit on the tokens the "
+        "answers report (usage.total_tokens) per worker; new requests wait while the worker is a minute's "
+        'budget ahead.', unit='tokens/min', job_param='aisp.remote.max-tokens-per-min', nullable=True,
+        minimum=1)
     remote_deadline_s: float = opt(30.0, M, 'Longest one request may take, retries with backoff included; '
         'its records are then remote_timeout dead letters.', unit='s', job_param='aisp.remote.deadline-s',
         minimum=0.001)
@@ -170,6 +177,9 @@ class RemoteOptions:
             raise ConfigError("give the API key by --remote-api-key-env or --remote-api-key-file, not both")
         if self.remote_ca_file is not None and not self.remote_ca_file.is_file():
             raise ConfigError(f"--remote-ca-file {self.remote_ca_file} is not a file")
+        if self.remote_max_tokens_per_min is not None and self.remote_api is RemoteApi.V2:
+            raise ConfigError("--remote-max-tokens-per-min is for the OpenAI APIs (V2 answers report no "
+                              "tokens); limit a V2 server with --remote-max-requests-per-s")
         if self.remote_request_timeout_s > self.remote_deadline_s:
             raise ConfigError(f"--remote-request-timeout-s ({self.remote_request_timeout_s:g}) must not "
                               f"exceed --remote-deadline-s ({self.remote_deadline_s:g})")

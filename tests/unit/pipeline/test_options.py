@@ -227,14 +227,16 @@ def test_the_remote_job_parameters_round_trip(tmp_path: Path) -> None:
     options = InferenceOptions(
         remote_url="https://models.example:8443", remote_model="fraud", remote_model_version="3",
         remote_api_key_env="FRAUD_KEY", remote_ca_file=tmp_path / "ca.pem", remote_rows_per_request=7,
-        remote_max_concurrency=9, remote_deadline_s=12.5, remote_request_timeout_s=2.5)
+        remote_max_concurrency=9, remote_deadline_s=12.5, remote_request_timeout_s=2.5,
+        remote_max_requests_per_s=2.5)
     params = options.job_parameters()
     assert {k: v for k, v in params.items() if k.startswith("aisp.remote.")} == {
         "aisp.remote.url": "https://models.example:8443", "aisp.remote.model": "fraud",
         "aisp.remote.model-version": "3", "aisp.remote.api-key-env": "FRAUD_KEY",
         "aisp.remote.ca-file": str(tmp_path / "ca.pem"), "aisp.remote.rows-per-request": "7",
         "aisp.remote.max-concurrency": "9", "aisp.remote.deadline-s": "12.5",
-        "aisp.remote.request-timeout-s": "2.5", "aisp.remote.api": "v2"}
+        "aisp.remote.request-timeout-s": "2.5", "aisp.remote.api": "v2",
+        "aisp.remote.max-requests-per-s": "2.5", "aisp.remote.max-tokens-per-min": "none"}
     assert InferenceOptions.from_job_parameters(get_from(params)) == options
 
 
@@ -243,8 +245,9 @@ def test_the_generation_job_parameters_round_trip() -> None:
     options = InferenceOptions(
         remote_url="http://llm:8080", remote_model="smollm2", remote_api=RemoteApi.OPENAI_CHAT,
         prompt_template="Review: {text}\nSentiment:", system_prompt="One word.", max_tokens=4,
-        temperature=0.7, seed=11, json_schema=schema)
+        temperature=0.7, seed=11, json_schema=schema, remote_max_tokens_per_min=90000.0)
     params = options.job_parameters()
+    assert params["aisp.remote.max-tokens-per-min"] == "90000.0"
     assert {k: v for k, v in params.items() if k.startswith("aisp.generate.")} == {
         "aisp.generate.prompt-template": "Review: {text}\nSentiment:",
         "aisp.generate.system-prompt": "One word.",
@@ -289,6 +292,9 @@ def test_the_generation_job_parameters_round_trip() -> None:
      "--temperature must be <= 2"),
     ({"remote_url": "http://h", "remote_model": "m", "remote_api": "openai-embeddings",
       "remote_model_version": "2"}, "--remote-model-version is for --remote-api v2"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_max_tokens_per_min": 1000.0},
+     "--remote-max-tokens-per-min is for the OpenAI APIs"),
+    ({"remote_max_requests_per_s": 5.0}, "--remote-max-requests-per-s apply to --remote-url only"),
 ])
 def test_remote_options_are_refused_in_one_line(kwargs, message) -> None:
     with pytest.raises(ConfigError, match=message) as info:
@@ -339,6 +345,8 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.remote.api-key-env": "none",
         "aisp.remote.rows-per-request": "64",
         "aisp.remote.max-concurrency": "64",
+        "aisp.remote.max-requests-per-s": "none",
+        "aisp.remote.max-tokens-per-min": "none",
         "aisp.remote.deadline-s": "30.0",
         "aisp.remote.request-timeout-s": "10.0",
         "aisp.remote.api": "v2",

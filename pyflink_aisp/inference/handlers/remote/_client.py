@@ -97,6 +97,13 @@ def _check_key(key: str, source: str) -> str:
     return key
 
 
+def _total_tokens(answer: Any) -> int:
+    """An OpenAI answer's ``usage.total_tokens`` (0 when it has none, as V2 answers)."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    total = usage.get("total_tokens") if isinstance(usage, dict) else None
+    return total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else 0
+
+
 def retry_after_seconds(value: str | None, *, now: float | None = None) -> float | None:
     """A ``Retry-After`` header (RFC 9110 §10.2.3: delay-seconds or an HTTP-date) in seconds
     from now; None when absent or unreadable; never negative."""
@@ -306,8 +313,9 @@ class RemoteSession:
     def gauges(self) -> dict[str, Callable[[], int]]:
         """Metric gauges of the session: ``remoteRequests`` (attempts sent), ``remoteRetries``,
         ``remoteFailures4xx`` / ``remoteFailures5xx`` / ``remoteFailuresNoAnswer`` (requests
-        that failed for good), ``remoteThrottledMs`` (waits a ``Retry-After`` asked for, summed),
-        ``remoteConcurrencyLimit`` (the adaptive limit) and ``remoteInflight``."""
+        that failed for good), ``remoteThrottledMs`` (waits a ``Retry-After`` or a fixed limit
+        asked for, summed), ``remoteConcurrencyLimit`` (the adaptive limit) and
+        ``remoteInflight``."""
         stats, limiter = self.stats, self.limiter
 
         def failures(low: int, high: int) -> Callable[[], int]:
@@ -400,10 +408,12 @@ class RemoteSession:
                 self.limiter.release(began, overloaded=status in _OVERLOAD_STATUSES, retry_after_s=held)
                 if status not in RETRYABLE_STATUSES:
                     try:
-                        return _json_of(response, path)
+                        answer = _json_of(response, path)
                     except RemoteError:
                         self.stats.fail(status)
                         raise
+                    self.limiter.charge_tokens(_total_tokens(answer))
+                    return answer
                 last = f"HTTP {status}: {response.text[:_BODY_CHARS]}" + (
                     f" (Retry-After {retry_after:g} s)" if retry_after else "")
             if attempts == endpoint.max_attempts:

@@ -297,3 +297,16 @@ def test_connection_refused_retries_until_the_deadline_by_default() -> None:
         assert len(script.requests) > 10  # not given up after six attempts
     finally:
         session.close()
+
+
+def test_the_tokens_an_answer_reports_are_charged_to_the_limiter() -> None:
+    script = Script(httpx.Response(200, json={"usage": {"prompt_tokens": 7, "total_tokens": 12}}),
+                    httpx.Response(200, json={"usage": {"total_tokens": True}}),
+                    httpx.Response(200, json={"outputs": []}))
+    session = _session(script, concurrency=LimiterConfig(max_tokens_per_min=6000))
+    try:
+        for _ in range(3):  # OpenAI usage; a malformed one; a V2 answer (no usage)
+            session.gather([("/v1/embeddings", {})])
+        assert session.limiter.tokens == 12
+    finally:
+        session.close()

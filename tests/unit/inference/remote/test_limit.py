@@ -128,3 +128,49 @@ def test_acquire_gives_up_at_its_deadline_in_a_hold_and_in_the_queue() -> None:
 
     first, queued, held, inflight = asyncio.run(run())
     assert first is not None and queued is None and held is None and inflight == 0
+
+
+def test_a_fixed_request_rate_spaces_the_starts_by_one_over_the_rate() -> None:
+    limiter = AimdLimiter(LimiterConfig(initial=8, maximum=8, max_requests_per_s=20))
+
+    async def run() -> list[float]:
+        loop = asyncio.get_running_loop()
+        starts: list[float] = []
+
+        async def one() -> None:
+            began = await limiter.acquire()
+            starts.append(loop.time())
+            limiter.release(began, overloaded=False)
+
+        await asyncio.gather(*(one() for _ in range(8)))  # 8 slots free: only the rate holds them
+        return starts
+
+    starts = asyncio.run(run())
+    gaps = [b - a for a, b in itertools.pairwise(sorted(starts))]
+    assert len(starts) == 8 and min(gaps) >= 0.045, gaps  # 1 / 20 s, less the timer's slack
+    assert limiter.throttled_s >= 0.3
+
+
+def test_a_token_budget_lets_a_minute_of_tokens_through_then_holds_for_the_debt() -> None:
+    limiter = AimdLimiter(LimiterConfig(initial=2, max_tokens_per_min=600))  # 10 tokens/s
+
+    async def run() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        limiter.release(await limiter.acquire(), overloaded=False)
+        limiter.charge_tokens(600)  # one minute's budget: the next request still goes at once
+        start = loop.time()
+        limiter.release(await limiter.acquire(), overloaded=False)
+        at_once = loop.time() - start
+        limiter.charge_tokens(5)  # half a second past the budget
+        start = loop.time()
+        await limiter.acquire()
+        return at_once, loop.time() - start
+
+    at_once, held = asyncio.run(run())
+    assert at_once < 0.05 and 0.45 <= held < 1.5 and limiter.tokens == 605
+
+
+@pytest.mark.parametrize("name", ["max_requests_per_s", "max_tokens_per_min"])
+def test_a_fixed_limit_must_be_positive(name) -> None:
+    with pytest.raises(ConfigError, match=name):
+        LimiterConfig(**{name: 0})
