@@ -1,22 +1,35 @@
-"""A numeric model on a V2 server: several records per request against one per record, side by side
-in one run (issue 22).
+"""Remote models: several records per request against one per record, and against Flink's own
+``ML_PREDICT``, side by side in one run (issue 22).
 
 Not a test. One Kafka broker, one KServe ModelServer (``tests/servers/kserve_onnx.py``, the venv
 of ``make servers``) serving the intent head (a 157-way logistic regression on 384-d embeddings)
 over the Open Inference Protocol v2 REST, behind :class:`pyflink_aisp.chaos.FaultProxy` with no
 faults (it counts the requests at the server's door). The topic holds MiniLM embeddings of real
 reviews. Each case runs ``jobs/review_sentiment.py --mode batch --feature-fields /embedding``
-(a MiniCluster in its own process, exactly-once sink); throughput is records / (last output stamp -
-first), start-up excluded. Cases, interleaved round by round (median reported):
+(a MiniCluster in its own process, exactly-once sink); throughput is records / (last output's broker
+stamp - the run's first request at the server, the proxy's clock), start-up excluded; the in-process
+case has no server and is timed between its first and last output. Cases, interleaved round by round
+(median reported):
 
 * ``in process``: ``--predictor`` on the same ``.onnx`` (no server);
 * ``remote, 1 row per request``: ``--remote-rows-per-request 1``, one request per record (the shape
   of Flink's ``ML_PREDICT``, which sends each row alone);
-* ``remote, 16 / 64 rows per request``.
+* ``remote, 16 / 64 rows per request``;
+* ``Flink ML_PREDICT (flink-model-triton 2.3.0)``: ``_ml_predict_job.py`` on the same server (its
+  planning error is recorded where the provider refuses the model).
 
-Server, proxy, broker and job share the machine's cores. Run (about 5 min on 2 cores)::
+Then embeddings of real reviews on an **OpenAI-compatible** server: llama.cpp's ``llama-server
+--embeddings`` (SmolLM2-135M, mean pooling, one slot: ``make servers``), a fresh one per run (it keeps the
+prompts it has seen) behind the proxy, each case
+over ``--texts`` reviews:
 
-    .venv/bin/python bench/remote_bench.py [--repeats 2] [--records 3000]
+* ``Flink ML_PREDICT (flink-model-openai 2.3.0)``: async, ``--ml-predict-concurrency`` requests in
+  flight (Flink's default 10), one text per request;
+* ``remote, 1 / 16 rows per request``: ``--remote-api openai-embeddings``.
+
+Server, proxy, broker and job share the machine's cores. Run (about 15 min on 2 cores)::
+
+    .venv/bin/python bench/remote_bench.py [--repeats 2] [--records 3000] [--texts 300]
 
 It writes ``## Remote models`` into ``bench/REPORT.md`` and the raw numbers into
 ``bench/remote_results.json``.
@@ -27,13 +40,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _kafka_load import bench_broker, create_stamped_topics
+from _kafka_load import bench_broker, collect_stamps, create_stamped_topics
 from _markdown import replace_section
 from _report import machine
 from task_bench import run_job
@@ -47,6 +62,10 @@ from pyflink_aisp.models import build_intent_head, build_minilm_encoder
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## Remote models"
 INFER = "/v2/models/intent_head/infer"
+EMBED = "/v1/embeddings"
+ML_PREDICT_JOB = Path(__file__).resolve().parent / "_ml_predict_job.py"
+TRITON = "Flink ML_PREDICT (flink-model-triton 2.3.0)"
+OPENAI = "Flink ML_PREDICT (flink-model-openai 2.3.0)"
 sys.path.insert(0, str(ROOT / "tests" / "servers"))
 import launch  # noqa: E402  (tests/servers: the KServe server's launcher)
 
@@ -56,34 +75,181 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=2, help="rounds of the cases")
     p.add_argument("--records", type=int, default=3000, help="records in the topic (reviews, cycled)")
+    p.add_argument("--texts", type=int, default=300, help="reviews for the embedding cases")
+    p.add_argument("--ml-predict-concurrency", type=int, default=10,
+                   help="async ML_PREDICT's requests in flight (Flink's default 10)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "bench", help="where the report goes")
+    p.add_argument("--part", choices=("all", "v2", "embeddings"), default="all",
+                   help="run one part only, keeping the other's numbers from remote_results.json")
     p.add_argument("--report-only", action="store_true", help="rewrite the section from remote_results.json")
     return p.parse_args(argv)
 
 
-def section(results: dict[str, Any]) -> str:
-    """The report section."""
-    rows = results["jobs"]
-    base = statistics.median(r["records_per_s"] for r in rows["remote, 1 row per request"])
-    lines = [SECTION, "",
-             "`bench/remote_bench.py`: `jobs/review_sentiment.py --mode batch --feature-fields /embedding` "
-             f"over {results['records']:,} MiniLM embeddings of real reviews, the intent head (157-way "
-             "logistic regression) served by a KServe ModelServer over V2 REST behind a counting proxy, "
-             f"{results['repeats']} interleaved rounds, median; records/s between the first and the last "
-             "output's broker stamp; server, broker and job share the machine; "
-             f"{results['machine']}.", "",
-             "| case | records/s (median) | each round | requests per record | vs 1 row per request |",
-             "|---|---|---|---|---|"]
+def run_ml_predict(bootstrap: str, topic: str, out: str, want: int, provider: str, endpoint: str,
+                   model: str, concurrency: int) -> dict[str, Any]:
+    """One ``_ml_predict_job.py`` run; records/s as :func:`task_bench.run_job` measures them, or
+    ``{"error": ...}`` with the job's first ``Caused by`` line where Flink refused it."""
+    create_stamped_topics(bootstrap, [out])
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(ML_PREDICT_JOB), "--provider", provider, "--bootstrap-servers",
+                           bootstrap, "--input-topic", topic, "--output-topic", out, "--endpoint", endpoint,
+                           "--model", model, "--max-concurrent", str(concurrency)],
+                          capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        causes = [line.strip() for line in proc.stderr.splitlines() if line.startswith("Caused by:")]
+        return {"error": causes[-1] if causes else proc.stderr.strip().splitlines()[-1], "wall_s": wall}
+    stamps = collect_stamps(bootstrap, out, want=want, timeout_s=120)
+    span_s = (max(stamps.values()) - min(stamps.values())) / 1000
+    return {"records": len(stamps), "span_s": span_s, "records_per_s": len(stamps) / span_s, "wall_s": wall}
+
+
+def from_first_request(result: dict[str, Any], proxy: FaultProxy, since: float, path: str,
+                       stamps: dict[str, int]) -> dict[str, Any]:
+    """``result`` measured from the run's first request at the server to its last output's broker
+    stamp (both wall clock on this machine): a job that writes its outputs in bursts (ours writes a
+    model batch at once, and keeps several in flight) is not flattered by a short output span."""
+    first = proxy.first_request_since(since, path)
+    if first is None:
+        raise RuntimeError(f"no request reached {path}")
+    span_s = max(stamps.values()) / 1000 - first
+    return {**result, "output_span_s": result["span_s"], "span_s": span_s,
+            "records_per_s": len(stamps) / span_s}
+
+
+def _table(rows: dict[str, list[dict[str, Any]]], base_name: str) -> list[str]:
+    base = statistics.median(r["records_per_s"] for r in rows[base_name])
+    lines = ["| case | records/s (median) | each round | requests per record | "
+             f"vs {base_name.removeprefix('remote, ')} |", "|---|---|---|---|---|"]
     for name, runs in rows.items():
+        if "error" in runs[0]:
+            lines.append(f"| {name} | refused by Flink | - | 0 | - |")
+            continue
         rate = statistics.median(r["records_per_s"] for r in runs)
         each = ", ".join(f"{r['records_per_s']:.0f}" for r in runs)
         per = runs[0].get("requests_per_record")
         lines.append(f"| {name} | {rate:.0f} | {each} | {'-' if per is None else f'{per:.3f}'} | "
                      f"{rate / base:.2f}x |")
-    lines += ["", "One row per request is the shape of Flink's `ML_PREDICT` (it sends each row alone); "
-              "the comparison with `ML_PREDICT` itself (flink-model-triton) is not run yet. Raw numbers: "
-              "`remote_results.json`.", ""]
+    return lines
+
+
+def section(results: dict[str, Any]) -> str:
+    """The report section."""
+    rows = results["jobs"]
+    lines = [SECTION, "",
+             "`bench/remote_bench.py`: `jobs/review_sentiment.py --mode batch --feature-fields /embedding` "
+             f"over {results['records']:,} MiniLM embeddings of real reviews, the intent head (157-way "
+             "logistic regression) served by a KServe ModelServer over V2 REST behind a counting proxy, "
+             f"{results['repeats']} interleaved rounds, median; records/s from the run's first request at "
+             "the server (the proxy's clock) to its last output's broker stamp, in process between the "
+             "first and the last output's stamp; server, broker and job share the machine; "
+             f"{results['machine']}.", "", *_table(rows, "remote, 1 row per request"), ""]
+    refused = rows.get(TRITON, [{}])[0].get("error")
+    if refused:
+        lines += [f"{TRITON} refuses every model at planning, before any request: `{refused}` (its "
+                  "single-column check in `AbstractTritonModelFunction` fails whatever the column's type; "
+                  "2.3.0 is its only release). One row per request, the rows above, is the shape it would "
+                  "send.", ""]
+    if "embeddings" in results:
+        emb = results["embeddings"]
+        lines += [f"Embeddings of {emb['texts']:,} real reviews on an OpenAI-compatible server: llama.cpp's "
+                  "`llama-server --embeddings` (SmolLM2-135M Q4_1, mean pooling, one slot) behind the same "
+                  f"proxy; {OPENAI} async with {emb['ml_predict_concurrency']} requests in flight; ours "
+                  "`--remote-api openai-embeddings`; a fresh server per run (it keeps the prompts it "
+                  "has seen); same rounds and measure; "
+                  f"{emb['machine']}.", "",
+                  *_table(emb["jobs"], OPENAI), "",
+                  "Here the server's own compute bounds every case: one slot embeds one text at a time "
+                  "on the machine's two cores, whether the texts come one per request or many, so batching "
+                  "saves requests, not time. The gain over one row per request needs a server that is "
+                  "not compute-bound (the V2 rows above).", ""]
+    lines += ["Raw numbers: `remote_results.json`.", ""]
     return "\n".join(lines)
+
+
+def embedding_cases(bootstrap: str, folder: Path, reviews: list[str],
+                    args: argparse.Namespace) -> dict[str, Any]:
+    """The OpenAI-compatible cases: Flink's ML_PREDICT and ours on one llama-server."""
+    records = [{"tx": f"e{i}", "text": reviews[i % len(reviews)]} for i in range(args.texts)]
+    create_stamped_topics(bootstrap, ["texts"])
+    assert ingest_records(bootstrap, "texts", records, progress=False).delivered == len(records)
+    ours = ("--text-field", "/text", "--id-field", "/tx", "--remote-api", "openai-embeddings",
+            "--remote-model", "smollm2-embed", "--remote-request-timeout-s", "60",
+            "--remote-deadline-s", "600")
+    cases = {"remote, 1 row per request": ("--remote-rows-per-request", "1"),
+             "remote, 16 rows per request": ("--remote-rows-per-request", "16")}
+    jobs: dict[str, list[dict[str, Any]]] = {name: [] for name in [OPENAI, *cases]}
+    for round_ in range(args.repeats):
+        for i, name in enumerate(jobs):
+            # a fresh server per run: llama-server keeps the prompts it has seen (a warm run of the same
+            # texts measured 535 records/s beside 39 cold)
+            server = launch.llama_server(launch.smollm2_gguf(), "smollm2-embed", folder / f"llama-{i}.log",
+                                         embeddings=True, parallel=1)
+            with server as url, FaultProxy(url) as proxy:
+                before, since = proxy.requests(EMBED), time.time()
+                out = f"emb-{round_}-{i}"
+                if name == OPENAI:
+                    result = run_ml_predict(bootstrap, "texts", out, len(records), "openai",
+                                            f"{proxy.url}{EMBED}", "smollm2-embed",
+                                            args.ml_predict_concurrency)
+                    if "error" in result:
+                        raise RuntimeError(f"{OPENAI}: {result['error']}")
+                else:
+                    result = run_job(bootstrap, "texts", out, len(records),
+                                     (*ours, "--remote-url", proxy.url, *cases[name]))
+                result = from_first_request(result, proxy, since, EMBED,
+                                            collect_stamps(bootstrap, out, want=len(records), timeout_s=60))
+                result["requests_per_record"] = (proxy.requests(EMBED) - before) / len(records)
+                print(f"round {round_ + 1} {name}: {result['records_per_s']:.0f} records/s", flush=True)
+                jobs[name].append(result)
+    return {"texts": len(records), "ml_predict_concurrency": args.ml_predict_concurrency, "jobs": jobs,
+            "machine": machine()}
+
+
+def v2_cases(bootstrap: str, folder: Path, reviews: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The V2 cases: in process, ours at 1 / 16 / 64 rows per request, Flink's ML_PREDICT."""
+    build_minilm_encoder(folder / "minilm")
+    head = build_intent_head(folder / "intent-head.onnx")
+    encoder = OnnxEncoderHandler(model_path=folder / "minilm" / "model.onnx",
+                                 tokenizer_path=folder / "minilm" / "tokenizer.json",
+                                 pooling=Pooling.NONE)
+    texts = [reviews[i % len(reviews)] for i in range(args.records)]
+    vectors = np.stack(encoder.run_inference(texts, encoder.load_model()))
+    records = [{"tx": f"t{i}", "embedding": v.tolist()} for i, v in enumerate(vectors)]
+    create_stamped_topics(bootstrap, ["features"])
+    assert ingest_records(bootstrap, "features", records, progress=False).delivered == len(records)
+    server = launch.kserve_server({"intent_head": head}, folder / "kserve.log")
+    with server as url, FaultProxy(url) as proxy:
+        common = ("--feature-fields", "/embedding", "--id-field", "/tx")
+        cases: dict[str, tuple[str, ...]] = {
+            "in process": ("--predictor", str(head)),
+            "remote, 1 row per request": ("--remote-rows-per-request", "1"),
+            "remote, 16 rows per request": ("--remote-rows-per-request", "16"),
+            "remote, 64 rows per request": ("--remote-rows-per-request", "64")}
+        jobs: dict[str, list[dict[str, Any]]] = {name: [] for name in [*cases, TRITON]}
+        for round_ in range(args.repeats):
+            if round_ == 0 or "error" not in jobs[TRITON][0]:
+                before = proxy.requests(INFER)
+                result = run_ml_predict(bootstrap, "features", f"mlp-{round_}", len(records),
+                                        "triton", f"{proxy.url}/v2/models", "intent_head",
+                                        args.ml_predict_concurrency)  # refused: no stamps to time
+                result["requests_per_record"] = (proxy.requests(INFER) - before) / len(records)
+                print(f"round {round_ + 1} {TRITON}: {result.get('error') or result['records_per_s']}",
+                      flush=True)
+                jobs[TRITON].append(result)
+            for i, (name, flags) in enumerate(cases.items()):
+                remote = () if name == "in process" else ("--remote-url", proxy.url, "--remote-model",
+                                                           "intent_head")
+                before, since = proxy.requests(INFER), time.time()
+                out = f"out-{round_}-{i}"
+                result = run_job(bootstrap, "features", out, len(records), (*common, *remote, *flags))
+                if remote:
+                    stamps = collect_stamps(bootstrap, out, want=len(records), timeout_s=60)
+                    result = from_first_request(result, proxy, since, INFER, stamps)
+                    result["requests_per_record"] = (proxy.requests(INFER) - before) / len(records)
+                print(f"round {round_ + 1} {name}: {result['records_per_s']:.0f} records/s", flush=True)
+                jobs[name].append(result)
+    return {"records": len(records), "repeats": args.repeats, "jobs": jobs, "machine": machine()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,44 +260,18 @@ def main(argv: list[str] | None = None) -> int:
         replace_section(args.out_dir / "REPORT.md", SECTION, section(results))
         return 0
     reviews = load_rotten_tomatoes()
+    path = args.out_dir / "remote_results.json"
+    results: dict[str, Any] = json.loads(path.read_text()) if args.part != "all" else {}
     with tempfile.TemporaryDirectory(prefix="aisp-remote-bench-") as tmp, bench_broker() as bootstrap:
         folder = Path(tmp)
-        build_minilm_encoder(folder / "minilm")
-        head = build_intent_head(folder / "intent-head.onnx")
-        encoder = OnnxEncoderHandler(model_path=folder / "minilm" / "model.onnx",
-                                     tokenizer_path=folder / "minilm" / "tokenizer.json",
-                                     pooling=Pooling.NONE)
-        texts = [reviews[i % len(reviews)].text for i in range(args.records)]
-        vectors = np.stack(encoder.run_inference(texts, encoder.load_model()))
-        records = [{"tx": f"t{i}", "embedding": v.tolist()} for i, v in enumerate(vectors)]
-        create_stamped_topics(bootstrap, ["features"])
-        assert ingest_records(bootstrap, "features", records, progress=False).delivered == len(records)
-        server = launch.kserve_server({"intent_head": head}, folder / "kserve.log")
-        with server as url, FaultProxy(url) as proxy:
-            common = ("--feature-fields", "/embedding", "--id-field", "/tx")
-            cases: dict[str, tuple[str, ...]] = {
-                "in process": ("--predictor", str(head)),
-                "remote, 1 row per request": ("--remote-rows-per-request", "1"),
-                "remote, 16 rows per request": ("--remote-rows-per-request", "16"),
-                "remote, 64 rows per request": ("--remote-rows-per-request", "64")}
-            jobs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
-            for round_ in range(args.repeats):
-                for i, (name, flags) in enumerate(cases.items()):
-                    remote = () if name == "in process" else ("--remote-url", proxy.url, "--remote-model",
-                                                               "intent_head")
-                    before = proxy.requests(INFER)
-                    result = run_job(bootstrap, "features", f"out-{round_}-{i}", len(records),
-                                     (*common, *remote, *flags))
-                    if remote:
-                        result["requests_per_record"] = (proxy.requests(INFER) - before) / len(records)
-                    print(f"round {round_ + 1} {name}: {result['records_per_s']:.0f} records/s", flush=True)
-                    jobs[name].append(result)
-    results = {"records": len(records), "repeats": args.repeats, "jobs": jobs, "machine": machine()}
+        if args.part in ("all", "v2"):
+            results.update(v2_cases(bootstrap, folder, [r.text for r in reviews], args))
+        if args.part in ("all", "embeddings"):
+            results["embeddings"] = embedding_cases(bootstrap, folder, [r.text for r in reviews], args)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "remote_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    path.write_text(json.dumps(results, indent=2) + "\n")
     replace_section(args.out_dir / "REPORT.md", SECTION, section(results))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -56,6 +56,9 @@ class JarKind(StrEnum):
     K8S_OPERATOR = "flink-kubernetes-operator"
     #: Apicurio Registry's runnable bundle (a zip), a Confluent-compatible Schema Registry
     SCHEMA_REGISTRY = "schema-registry"
+    #: Flink's own ML_PREDICT model providers (flink-model-triton, flink-model-openai), for the
+    #: side-by-side in ``bench/remote_bench.py``; no job of the suite loads them
+    FLINK_MODELS = "flink-models"
 
     @property
     def pom_name(self) -> str:
@@ -66,7 +69,15 @@ class JarKind(StrEnum):
             "sql-gateway": "flink-sql-gateway.pom.xml",
             "flink-kubernetes-operator": "flink-kubernetes-operator.pom.xml",
             "schema-registry": "schema-registry.pom.xml",
+            "flink-models": "flink-models.pom.xml",
         }[self.value]
+
+    @property
+    def maven_goal(self) -> str:
+        """The dependency plugin goal that fetches this set: ``copy-dependencies`` (the pom's
+        dependencies and theirs), or ``copy`` (the pom's ``artifactItems`` alone, for jars whose
+        descriptors Maven Central cannot serve)."""
+        return "copy" if self is JarKind.FLINK_MODELS else "copy-dependencies"
 
 
 def require_tools(*names: str) -> dict[str, str]:
@@ -151,7 +162,7 @@ def ensure_jars(
 ) -> list[Path]:
     """Return the jars of ``kind``, resolving them with Maven first when needed.
 
-    Runs ``mvn -q -B -f connectors/<pom> dependency:copy-dependencies`` into a temp
+    Runs ``mvn -q -B -f connectors/<pom> dependency:<maven_goal>`` into a temp
     folder and renames it into place, so an interrupted download never looks
     complete. Safe to call from several processes (file lock). Where the manifests
     are missing (a broken install) an already filled cache is used as it is.
@@ -189,14 +200,15 @@ def ensure_jars(
         cached = _cached_jars(dest, pom_sha256)  # another process may have finished
         if cached is not None:
             return cached
-        return _resolve_into(pom, pom_sha256, dest, timeout_s)
+        return _resolve_into(pom, pom_sha256, dest, timeout_s, kind.maven_goal)
 
 
-def _resolve_into(pom: Path, pom_sha256: str, dest: Path, timeout_s: float) -> list[Path]:
+def _resolve_into(pom: Path, pom_sha256: str, dest: Path, timeout_s: float,
+                  goal: str = "copy-dependencies") -> list[Path]:
     tools = require_tools("java", "mvn")
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
-        _run_maven(tools["mvn"], pom, tmp, timeout_s)
+        _run_maven(tools["mvn"], pom, tmp, timeout_s, goal)
         jars = sorted(p.name for p in tmp.iterdir() if p.suffix in (".jar", ".zip"))  # zip: a bundle
         if not jars:
             raise EnvironmentSetupError(f"Maven resolved no jars from {pom}")
@@ -208,9 +220,10 @@ def _resolve_into(pom: Path, pom_sha256: str, dest: Path, timeout_s: float) -> l
     return [dest / name for name in jars]
 
 
-def _run_maven(mvn: str, pom: Path, out_dir: Path, timeout_s: float) -> None:
+def _run_maven(mvn: str, pom: Path, out_dir: Path, timeout_s: float,
+               goal: str = "copy-dependencies") -> None:
     cmd = [
-        mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+        mvn, "-q", "-B", "-f", str(pom), f"dependency:{goal}",
         f"-DoutputDirectory={out_dir}", "-DincludeScope=runtime",
     ]  # fmt: skip
     try:

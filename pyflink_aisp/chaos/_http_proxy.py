@@ -69,11 +69,13 @@ class FaultProxy:
         url: ``http://127.0.0.1:PORT`` once started.
         counts: ``(path, outcome) -> requests``; outcome is ``forwarded``, ``rate_limited``,
             ``unavailable``, ``truncated`` or ``slow``.
+        arrivals: ``path -> wall-clock times (time.time(), s)`` of its requests, in arrival order.
     """
 
     def __init__(self, upstream: str, faults: Faults | None = None) -> None:
         self.upstream = upstream.rstrip("/")
         self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.arrivals: collections.defaultdict[str, list[float]] = collections.defaultdict(list)
         self._faults = faults or Faults()
         self._rng = random.Random(self._faults.seed)
         self._sock = socket.socket()
@@ -103,6 +105,13 @@ class FaultProxy:
     def requests(self, path_suffix: str = "") -> int:
         """Requests seen whose path ends with ``path_suffix`` (all when empty)."""
         return sum(n for (path, _), n in self.counts.items() if path.endswith(path_suffix))
+
+    def first_request_since(self, since: float, path_suffix: str = "") -> float | None:
+        """The wall-clock time (s) of the first request at or after ``since`` whose path ends with
+        ``path_suffix``, or None."""
+        times = [t for path, ts in self.arrivals.items() if path.endswith(path_suffix)
+                 for t in ts if t >= since]
+        return min(times, default=None)
 
     def __enter__(self) -> FaultProxy:
         self._thread.start()
@@ -137,6 +146,7 @@ class FaultProxy:
         path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
         outcome = self._draw() if scope["path"].endswith(self._faults.path_suffix) else "forwarded"
         self.counts[(scope["path"], outcome)] += 1
+        self.arrivals[scope["path"]].append(time.time())
         if outcome == "rate_limited":
             await _answer(send, 429, b'{"error": "rate limited"}',
                           [(b"retry-after", str(self._faults.retry_after_s).encode())])

@@ -6,8 +6,10 @@ writes every record once."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from pyflink_aisp.chaos import FaultProxy, Faults
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.errors import RemoteError, RemoteTimeoutError
 from pyflink_aisp.inference.handlers import OnnxEncoderHandler, OnnxPredictorHandler, Pooling
-from pyflink_aisp.inference.handlers.remote import V2PredictorHandler
+from pyflink_aisp.inference.handlers.remote import LimiterConfig, V2PredictorHandler
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
 from pyflink_aisp.models import build_minilm_encoder
 from pyflink_aisp.pipeline import PipelineOptions
@@ -70,6 +72,21 @@ def test_the_served_model_answers_as_the_graph_in_process_several_rows_per_reque
         _same(got, want)
     assert proxy.requests(INFER) == 6 * math.ceil(100 / 16) == session.stats.requests
     assert proxy.counts[("/v2/models/intent_head", "forwarded")] == 2  # the job's client and the worker
+
+
+def test_a_fixed_request_rate_spaces_the_requests_the_server_sees(v2_server, embeddings, local):
+    started = time.time()
+    with FaultProxy(v2_server[0]) as proxy:
+        handler = V2PredictorHandler(url=proxy.url, model="intent_head", rows_per_request=1,
+                                     concurrency=LimiterConfig(initial=8, maximum=8, max_requests_per_s=10))
+        out, _ = _run(handler, embeddings[:12], batch=12)  # 12 requests, 8 slots: the rate holds them
+    for got, want in zip(out, local[:12], strict=True):
+        _same(got, want)
+    arrivals = proxy.arrivals["/v2/models/intent_head/infer"]
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    assert len(arrivals) == 12 and min(gaps) >= 0.08, gaps  # 1 / 10 s, less the clocks' slack
+    assert started <= proxy.first_request_since(started, "/infer") == arrivals[0]
+    assert proxy.first_request_since(time.time() + 1, "/infer") is None
 
 
 def test_rate_limits_and_overload_are_waited_out_and_nothing_is_lost(v2_server, embeddings, local):

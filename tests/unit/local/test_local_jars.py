@@ -137,3 +137,19 @@ def test_broker_pom_pins_slf4j_2():
     text = (_jars.connectors_dir() / "kafka-broker.pom.xml").read_text()
     assert "<artifactId>slf4j-api</artifactId>" in text
     assert "<slf4j.version>2.0." in text
+
+
+def test_flink_models_are_fetched_with_dependency_copy_from_the_poms_artifact_items(
+        tmp_path, monkeypatch, connectors):
+    """Their parent pom is not on Maven Central, so copy-dependencies cannot read them: `copy` with
+    the pom's artifactItems fetches the shaded jars alone."""
+    args = tmp_path / "args"
+    calls = _fake_mvn(tmp_path, monkeypatch, f'echo "$@" > "{args}"\n{COPY_JAR}')
+    (connectors / "flink-models.pom.xml").write_text("<project>m</project>")
+    ensure_jars(JarKind.FLINK_MODELS, cache_dir=tmp_path / "jars", connectors=connectors)
+    assert "dependency:copy " in args.read_text() and _count(calls) == 1
+    ensure_jars(JarKind.FLINK, cache_dir=tmp_path / "jars", connectors=connectors)
+    assert "dependency:copy-dependencies " in args.read_text()
+    items = (_jars.connectors_dir() / "flink-models.pom.xml").read_text()
+    for artifact in ("flink-model-triton", "flink-model-openai"):
+        assert f"<artifactId>{artifact}</artifactId>\n                <version>2.3.0</version>" in items
