@@ -3,13 +3,20 @@ all-MiniLM-L6-v2, written as a HF classifier directory by `aisp model intent-cla
 topic of nested records by options alone, through `flink run` on the standalone cluster."""
 
 import json
+import re
+import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import helper, numpy_helper
 
+from pyflink_aisp.checksums import sha256_file
 from pyflink_aisp.datasets import load_rotten_tomatoes
+from pyflink_aisp.inference import publish_model
 from pyflink_aisp.inference.handlers import OnnxClassifierHandler
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
 
@@ -103,3 +110,73 @@ def test_text_pairs_reach_the_classifier_through_flink_run(stack, intent_dir):
         assert docs[f"q{i}"]["score"] == pytest.approx(float(p.max()), abs=1e-5)
         assert docs[f"q{i}"]["label"] == handler.labels[int(np.argmax(p))]
     assert max(float(np.abs(a - p).max()) for a, p in zip(alone, on_pairs, strict=True)) > 0.01
+
+
+def _recalibrated(model_dir: Path, out: Path, factor: float) -> Path:
+    """The classifier's ``model.onnx`` with its logits times ``factor`` (a recalibrated version, as a
+    temperature fit gives): the same labels and tokenizer, other probabilities."""
+    model = onnx.load(str(model_dir / "model.onnx"))
+    graph = model.graph
+    for node in graph.node:
+        node.output[:] = ["logits_raw" if name == "logits" else name for name in node.output]
+    graph.initializer.append(numpy_helper.from_array(np.array(factor, np.float32), "logit_scale"))
+    graph.node.append(helper.make_node("Mul", ["logits_raw", "logit_scale"], ["logits"]))
+    onnx.save(model, str(out))
+    return out
+
+
+def test_the_classifier_hot_swaps_under_a_streaming_job_through_flink_run(stack, intent_dir, tmp_path):
+    """--model-pointer with --classifier: a version published under a running job is probed, swapped in
+    between batches, and scores every later record; each record is scored once, by one version, and the
+    versions follow each other in the output (never back)."""
+    bootstrap = str(stack.status().bootstrap_servers)
+    topic, out = "swap-tickets", "swap-tickets-out"
+    create_topics(bootstrap, [topic, out, f"{out}.dlq"])
+    reviews = [r.text for r in load_rotten_tomatoes()[300:600]]
+
+    def send(lo: int, hi: int) -> None:
+        records = [{"id": f"r{i}", "text": reviews[i]} for i in range(lo, hi)]
+        assert ingest_records(bootstrap, topic, records, progress=False).delivered == hi - lo
+
+    pointer = tmp_path / "pointer" / "intent.json"
+    pointer.parent.mkdir()
+    v2 = _recalibrated(intent_dir, tmp_path / "intent-v2.onnx", 0.5)
+    send(0, 100)
+    cmd = stack.flink_run_command(
+        str(ROOT / "jobs" / "review_sentiment.py"), "--mode", "streaming", "--bootstrap-servers", bootstrap,
+        "--input-topic", topic, "--output-topic", out, "--classifier", str(intent_dir),
+        "--model-pointer", str(pointer), "--model-poll-interval-s", "0.5", "--checkpoint-interval-ms", "2000")
+    cmd.insert(cmd.index("run") + 1, "-d")
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job_id = re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
+    try:
+        assert len(read_topic(bootstrap, out, min_count=100, timeout_s=180, quiet_s=2)) == 100
+        publish_model(pointer, v2)
+        for lo in range(100, 300, 50):
+            time.sleep(3)
+            send(lo, lo + 50)
+        messages = read_topic(bootstrap, out, min_count=300, timeout_s=180, quiet_s=3)
+    finally:
+        subprocess.run([stack.flink_run_command("x")[0], "cancel", job_id], env=stack.flink_env(),
+                       capture_output=True, timeout=120)
+    docs = [json.loads(m.value()) for m in messages]
+    assert sorted(d["id"] for d in docs) == sorted(f"r{i}" for i in range(300)), "each record once"
+    served = OnnxClassifierHandler(model_dir=intent_dir)
+    swapped_dir = tmp_path / "v2-dir"
+    shutil.copytree(intent_dir, swapped_dir)
+    shutil.copyfile(v2, swapped_dir / "model.onnx")
+    versions = {served.model_version(): served, sha256_file(v2): OnnxClassifierHandler(model_dir=swapped_dir)}
+    order = [d["model_sha256"] for d in docs]
+    assert set(order) == set(versions) and order.index(sha256_file(v2)) >= 100, "v1 first, then v2"
+    assert order == sorted(order, key=lambda v: v == sha256_file(v2)), "no record scored by v1 after v2"
+    assert all(d["model_sha256"] == sha256_file(v2) for d in docs if int(d["id"][1:]) >= 250)
+    for version, handler in versions.items():
+        mine = [d for d in docs if d["model_sha256"] == version]
+        probabilities = handler.run_inference([reviews[int(d["id"][1:])] for d in mine], handler.load_model())
+        for d, p in zip(mine, probabilities, strict=True):
+            assert (d["label"], d["score"]) == (handler.labels[int(np.argmax(p))],
+                                                pytest.approx(float(p.max()), abs=1e-5))
+    v1_scores = [d["score"] for d in docs if d["model_sha256"] != sha256_file(v2)]
+    v2_scores = [d["score"] for d in docs if d["model_sha256"] == sha256_file(v2)]
+    assert np.mean(v2_scores) < np.mean(v1_scores), "halved logits: flatter probabilities"

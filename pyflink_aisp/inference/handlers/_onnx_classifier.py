@@ -103,7 +103,9 @@ class OnnxClassifierHandler(OnnxEncoderHandler):
     rendered by :class:`~pyflink_aisp.inference.tasks.ClassificationTask` (``label``,
     ``score`` and, with ``top_k``, ``top_labels`` / ``top_scores``). The model version
     is the sha256 over ``model.onnx``, ``tokenizer.json``, ``config.json`` and the
-    options (``max_length``, output).
+    options (``max_length``, output). Hot swap (:meth:`load_version`) takes another ``.onnx``
+    file for the same ``config.json`` labels and tokenizer (e.g. a retrained or recalibrated
+    graph); it must give one probability per label, and later outputs carry its sha256.
 
     Args:
         model_dir: The directory (``config.json``, ``tokenizer.json``, ``model.onnx``).
@@ -157,7 +159,7 @@ class OnnxClassifierHandler(OnnxEncoderHandler):
         _, files, options = super()._version_inputs()
         return _VERSION_TAG, [*files, self._config_path], options
 
-    def _plan_output(self, session: Any) -> str:
+    def _plan_output(self, session: Any, model_path: Path) -> str:
         """The logits output, checked as the encoder checks it; its declared last axis must
         hold one value per label.
 
@@ -165,24 +167,21 @@ class OnnxClassifierHandler(OnnxEncoderHandler):
             ModelError: No such output, or a declared label axis of another size.
         """
         declared = {arg.name: arg for arg in session.get_outputs()}
-        name = super()._plan_output(session)
+        name = super()._plan_output(session, model_path)
         shape = declared[name].shape
         width = shape[-1] if isinstance(shape, list) and shape else None
         if isinstance(width, int) and width != len(self.labels):
-            raise ModelError(f"output {name!r} of {self._model_path} has {width} values per text but "
+            raise ModelError(f"output {name!r} of {model_path} has {width} values per text but "
                              f"config.json names {len(self.labels)} labels")
         return name
 
-    def load_model(self) -> OnnxEncoderModel:
-        """As :meth:`OnnxEncoderHandler.load_model`; the model returns probabilities.
-
-        Raises:
-            ModelError: As :meth:`OnnxEncoderHandler.load_model`, or a logits output whose
-                size is not the number of labels.
-            ChecksumError: The files changed since :meth:`model_version` was taken.
-        """
-        model = super().load_model()
+    def _wrap_model(self, model: OnnxEncoderModel) -> OnnxEncoderModel:
+        """The encoder session, returning probabilities (softmax, or sigmoid per label)."""
         classifier = _ClassifierModel(model.session, model.tokenizer, feeds=model.feeds, output=model.output,
                                       pooling=Pooling.NONE, normalize=False)
         classifier.multi_label = self._classifier.multi_label
         return classifier
+
+    def _probe_checks(self) -> dict[str, Any]:
+        """Rows of probabilities: each in [0, 1], summing to 1 under softmax."""
+        return {"probabilities": "sigmoid" if self._classifier.multi_label else "softmax"}

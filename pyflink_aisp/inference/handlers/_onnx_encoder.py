@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from pyflink_aisp.checksums import verify_sha256
 from pyflink_aisp.errors import ConfigError, ModelError
 from pyflink_aisp.inference.handlers._common import (
     Pooling,
@@ -46,6 +47,7 @@ from pyflink_aisp.inference.handlers._onnx import (
     open_session,
     provider_device,
 )
+from pyflink_aisp.inference.handlers._probe import check_probe_vectors
 from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizerConfig
 
 __all__ = ["OnnxEncoderHandler", "OnnxEncoderModel"]
@@ -127,7 +129,8 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
     ``tokenizer_path`` and the options that change outputs (``output``,
     ``pooling``, ``normalize``, ``max_length``, the input mapping); it is
     computed from the files on first use and re-checked by :meth:`load_model`.
-    Hot swap is not supported (build a new handler for new files).
+    Hot swap (:meth:`load_version`) takes another ``.onnx`` file for the same tokenizer and
+    options (a retrained or re-exported graph); later outputs carry that file's sha256.
 
     Args:
         model_path: The ``.onnx`` file (external data beside it, as ORT finds it).
@@ -180,6 +183,7 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
         self._providers = normalize_providers(providers, device_id)
         self._device = provider_device(self._providers)
         self._threads = intra_op_num_threads
+        self._width: int | None = None
 
     def _version_inputs(self) -> tuple[str, list[Path], dict[str, str]]:
         mapping = (
@@ -209,24 +213,62 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
             ChecksumError: The files changed since :meth:`model_version` was taken.
         """
         self._check_version()
+        model = self._build_model(self._model_path)
+        if self._width is None:  # the serving width a hot swap must keep: one short text's row
+            self._width = int(np.stack(self.run_inference(["width"], model)).shape[1])
+        return model
+
+    def load_version(self, path: Path, sha256: str) -> OnnxEncoderModel:
+        """Load another ``.onnx`` file of the model (hot swap): the same tokenizer and options.
+
+        The file is hashed against ``sha256``, opened on this handler's providers and
+        planned as :meth:`load_model` plans it (every input fed, the output of the right
+        rank), then runs :data:`~pyflink_aisp.inference.SWAP_PROBE_TEXTS` in one batch:
+        ``(n, dim)`` finite rows of the serving model's width (L2-normalised with
+        ``normalize``), not one row for every probe, and the same rows for the first probes
+        scored in batches of 1 and 7 (:func:`check_probe_vectors`).
+
+        Raises:
+            ChecksumError: The file's sha256 is not ``sha256``.
+            ModelError: The file does not load or plan, or fails the probe (the message names
+                the failed check).
+        """
+        verify_sha256(path, sha256)
+        model = self._build_model(Path(path))
+        self._width = check_probe_vectors(lambda texts: np.stack(self.run_inference(texts, model)),
+                                          width=self._width, source=str(path), **self._probe_checks())
+        return model
+
+    def _probe_checks(self) -> dict[str, Any]:
+        """What :func:`check_probe_vectors` asks of this model's rows beyond their shape."""
+        return {"normalized": self._normalize}
+
+    def _build_model(self, model_path: Path) -> OnnxEncoderModel:
+        """A session over ``model_path`` with this handler's tokenizer, feeds and output.
+
+        Raises:
+            ModelError: As :meth:`load_model`.
+        """
         tokenizer = ArrowTokenizer.from_file(
             self._tokenizer_path,
             TokenizerConfig(max_length=resolve_max_length(self._tokenizer_path, self._max_length)),
         )
-        session = self._open_session()
-        feeds = self._plan_feeds(session)
-        output = self._plan_output(session)
-        return OnnxEncoderModel(
-            session, tokenizer, feeds=feeds, output=output, pooling=self._pooling, normalize=self._normalize
-        )
-
-    def _open_session(self) -> ort.InferenceSession:
         names, options = _split_providers(self._providers)
-        return open_session(self._model_path, str(self._model_path), list(zip(names, options, strict=True)),
-                            intra_op_num_threads=self._threads)
+        session = open_session(model_path, str(model_path), list(zip(names, options, strict=True)),
+                               intra_op_num_threads=self._threads)
+        feeds = self._plan_feeds(session, model_path)
+        output = self._plan_output(session, model_path)
+        return self._wrap_model(OnnxEncoderModel(
+            session, tokenizer, feeds=feeds, output=output, pooling=self._pooling, normalize=self._normalize
+        ))
 
-    def _plan_feeds(self, session: ort.InferenceSession) -> dict[TokenField, tuple[str, type[np.integer]]]:
-        """``{field: (input name, dtype)}`` covering every graph input.
+    def _wrap_model(self, model: OnnxEncoderModel) -> OnnxEncoderModel:
+        """The model as this handler serves it (subclasses change its outputs)."""
+        return model
+
+    def _plan_feeds(self, session: ort.InferenceSession, model_path: Path
+                    ) -> dict[TokenField, tuple[str, type[np.integer]]]:
+        """``{field: (input name, dtype)}`` covering every graph input of ``model_path``.
 
         Raises:
             ModelError: As :meth:`load_model` for inputs.
@@ -235,7 +277,7 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
         static = {arg.name: arg.shape[0] for arg in session.get_inputs()
                   if isinstance(arg.shape, list) and arg.shape and isinstance(arg.shape[0], int)}
         if static:
-            raise ModelError(f"graph input(s) {sorted(static)} of {self._model_path} have a static batch "
+            raise ModelError(f"graph input(s) {sorted(static)} of {model_path} have a static batch "
                              f"size {sorted(set(static.values()))}: the job sends batches of any size; "
                              "export the graph with a dynamic batch axis")
         mapping = self._inputs
@@ -243,11 +285,11 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
             mapping = {field: field.value for field in TokenField if field.value in declared}
         unknown = sorted(name for name in mapping.values() if name not in declared)
         if unknown:
-            raise ModelError(f"{self._model_path} has no input(s) {unknown}; it declares {sorted(declared)}")
+            raise ModelError(f"{model_path} has no input(s) {unknown}; it declares {sorted(declared)}")
         unfed = sorted(set(declared) - set(mapping.values()))
         if unfed:
             raise ModelError(
-                f"graph input(s) {unfed} of {self._model_path} are not fed by the tokenizer; "
+                f"graph input(s) {unfed} of {model_path} are not fed by the tokenizer; "
                 f"map them with inputs={{field: name}} (fields: {[f.value for f in TokenField]})"
             )
         feeds: dict[TokenField, tuple[str, type[np.integer]]] = {}
@@ -258,8 +300,8 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
             feeds[field] = (name, dtype)
         return feeds
 
-    def _plan_output(self, session: ort.InferenceSession) -> str:
-        """The output name, checked against the declared outputs, rank and type.
+    def _plan_output(self, session: ort.InferenceSession, model_path: Path) -> str:
+        """The output name of ``model_path``, checked against the declared outputs, rank and type.
 
         Raises:
             ModelError: As :meth:`load_model` for the output.
@@ -269,20 +311,20 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
         if name is None:
             if len(declared) != 1:
                 raise ModelError(
-                    f"{self._model_path} has outputs {sorted(declared)}; choose one with output="
+                    f"{model_path} has outputs {sorted(declared)}; choose one with output="
                 )
             name = next(iter(declared))
         if name not in declared:
-            raise ModelError(f"{self._model_path} has no output {name!r}; it declares {sorted(declared)}")
+            raise ModelError(f"{model_path} has no output {name!r}; it declares {sorted(declared)}")
         arg = declared[name]
         shape = arg.shape if isinstance(arg.shape, list) else []
         if shape and len(shape) != self._pooling.output_rank:
             raise ModelError(
-                f"output {name!r} of {self._model_path} has shape {shape} (rank {len(shape)}); pooling "
+                f"output {name!r} of {model_path} has shape {shape} (rank {len(shape)}); pooling "
                 f"{self._pooling.name} needs rank {self._pooling.output_rank}"
             )
         if arg.type not in _FLOAT_OUTPUTS:
-            raise ModelError(f"output {name!r} of {self._model_path} is {arg.type}, not floating point")
+            raise ModelError(f"output {name!r} of {model_path} is {arg.type}, not floating point")
         return str(name)
 
     @property

@@ -19,13 +19,15 @@ saturates the sigmoid, or an encoder that ignores its input.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import numpy as np
 import numpy.typing as npt
 
 from pyflink_aisp.errors import ModelError
 
-__all__ = ["PROBE_BATCH_SIZES", "SWAP_PROBE_TEXTS", "check_probe_batch_sizes", "check_probe_outputs"]
+__all__ = ["PROBE_BATCH_SIZES", "SWAP_PROBE_TEXTS", "check_probe_batch_sizes", "check_probe_outputs",
+           "check_probe_vectors"]
 
 #: Batch sizes the first probes are also scored at: a version that runs only at one
 #: batch size (a graph exported with a static batch dimension of 16 passes a probe of
@@ -154,6 +156,75 @@ def check_probe_batch_sizes(
                     f"{len(texts)} by {gap:.3g} (> {BATCH_SCORE_TOLERANCE:g})")
 
 
+def check_probe_vectors(
+    run: Callable[[list[str]], npt.ArrayLike],
+    *,
+    width: int | None,
+    source: str,
+    normalized: bool = False,
+    probabilities: str | None = None,
+    texts: Sequence[str] = SWAP_PROBE_TEXTS,
+) -> int:
+    """Refuse a new version of a vector model (an encoder or a classifier) whose outputs on the
+    probe texts are broken, then score the first probes again in smaller batches.
+
+    Args:
+        run: ``texts -> (k, width)`` float outputs of the new version, one row per text.
+        width: The serving model's vector size (embedding dim or label count); None: not known,
+            any width is taken.
+        source: What was probed (the model path), for the message.
+        normalized: Rows must be L2-normalised (to within 1e-3).
+        probabilities: ``"softmax"``: every value in [0, 1] and each row sums to 1 (to within
+            1e-3); ``"sigmoid"``: every value in [0, 1]; None: any finite values.
+        texts: The probe texts (default :data:`SWAP_PROBE_TEXTS`).
+
+    Returns:
+        The width of the new version's rows.
+
+    Raises:
+        ModelError: ``"model <source> failed the swap probe (<check>): ..."`` where ``<check>``
+            is ``shape``, ``non-finite output``, ``probability outside [0, 1]``,
+            ``probabilities do not sum to 1``, ``embedding not L2-normalised``,
+            ``identical outputs`` or ``batch of <k>``.
+    """
+    n = len(texts)
+    try:
+        out = np.asarray(run(list(texts)), dtype=np.float64)
+    except Exception as exc:  # ORT raises its own types for a graph that does not run
+        _refuse(source, "run", f"{type(exc).__name__}: {str(exc)[:300]}")
+    if out.ndim != 2 or out.shape[0] != n or (width is not None and out.shape[1] != width):
+        expected = f"({n}, {width})" if width is not None else f"({n}, dim)"
+        _refuse(source, "shape", f"got {out.shape}, expected {expected} for {n} probe texts")
+    _refuse_rows(source, "non-finite output", ~np.isfinite(out).all(axis=1), None, texts)
+    if probabilities is not None:
+        outside = ((out < 0.0) | (out > 1.0)).any(axis=1)
+        _refuse_rows(source, "probability outside [0, 1]", outside, None, texts)
+    if probabilities == "softmax":
+        sums = out.sum(axis=1)
+        off = np.abs(sums - 1.0) > _NORM_TOLERANCE
+        _refuse_rows(source, "probabilities do not sum to 1", off, sums, texts)
+    if normalized:
+        norms = np.linalg.norm(out, axis=1)
+        off = np.abs(norms - 1.0) > _NORM_TOLERANCE
+        _refuse_rows(source, "embedding not L2-normalised", off, norms, texts)
+    if n > 1 and float(np.abs(out - out[0]).max()) <= _EQUAL_TOLERANCE:
+        _refuse(source, "identical outputs", f"all {n} probes got the same output")
+    for k in PROBE_BATCH_SIZES:
+        if k >= n:
+            continue
+        try:
+            part = np.asarray(run(list(texts[:k])), dtype=np.float64)
+        except Exception as exc:  # ORT raises its own types for a static batch dimension
+            _refuse(source, f"batch of {k}", f"{type(exc).__name__}: {str(exc)[:300]}")
+        if part.shape != (k, out.shape[1]):
+            _refuse(source, f"batch of {k}", f"got {part.shape}, expected {(k, out.shape[1])}")
+        gap = float(np.abs(part - out[:k]).max())
+        if not gap <= BATCH_SCORE_TOLERANCE:
+            _refuse(source, f"batch of {k}", f"outputs differ from the same probes in one batch of "
+                    f"{n} by {gap:.3g} (> {BATCH_SCORE_TOLERANCE:g})")
+    return int(out.shape[1])
+
+
 def _refuse_rows(
     source: str, check: str, bad: npt.NDArray[np.bool_], values: npt.NDArray[np.float64] | None,
     texts: Sequence[str],
@@ -167,5 +238,5 @@ def _refuse_rows(
                 f"{texts[first][:40]!r}")
 
 
-def _refuse(source: str, check: str, detail: str) -> None:
+def _refuse(source: str, check: str, detail: str) -> NoReturn:
     raise ModelError(f"model {source} failed the swap probe ({check}): {detail}")

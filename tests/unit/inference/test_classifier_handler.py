@@ -18,8 +18,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer
 
+from pyflink_aisp.checksums import sha256_file
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.errors import ConfigError, InferenceError, ModelError, TokenizeError
+from pyflink_aisp.errors import ChecksumError, ConfigError, InferenceError, ModelError, TokenizeError
 from pyflink_aisp.inference.handlers import OnnxClassifierHandler, read_classifier_config
 from pyflink_aisp.inference.tasks import ClassificationTask, SqlType, render_prediction
 from pyflink_aisp.inference.testing import check_model_handler
@@ -239,3 +240,48 @@ def test_text_pairs_are_classified_with_the_pair_encoding_and_its_type_ids(tmp_p
         handler.run_inference([pairs[0], "a text"], model)
     with pytest.raises(TokenizeError, match="a text pair in a batch of texts"):
         handler.run_inference(["a text", pairs[0]], model)
+
+
+def _publish(directory: Path, name: str, graph: onnx.ModelProto) -> tuple[Path, str]:
+    path = directory / name
+    onnx.save_model(graph, str(path))
+    return path, sha256_file(path)
+
+
+def test_hot_swap_takes_a_retrained_graph_for_the_same_labels(tmp_path, table, texts):
+    """A second graph (other weights, same labels and tokenizer) is probed and then scores as the
+    numpy reference of its own weights; the serving handler is unchanged."""
+    handler = OnnxClassifierHandler(model_dir=make_dir(tmp_path / "m", table))
+    served = handler.load_model()
+    retrained = np.random.default_rng(11).normal(scale=3.0, size=table.shape).astype(np.float32)
+    path, digest = _publish(tmp_path, "v2.onnx", _bag_graph(retrained))
+    swapped = handler.load_version(path, digest)
+    got = np.stack(handler.run_inference(texts, swapped))
+    np.testing.assert_allclose(got, expected_probabilities(retrained, texts, multi_label=False), atol=2e-6)
+    np.testing.assert_allclose(np.stack(handler.run_inference(texts, served)),
+                               expected_probabilities(table, texts, multi_label=False), atol=2e-6)
+    assert handler.task().fields[0].name == "label"
+
+
+@pytest.mark.parametrize(("make", "check"), [
+    (lambda t: _bag_graph(np.concatenate([t, t[:, :1]], axis=1)), "4 values per text but config"),
+    (lambda t: _bag_graph(np.zeros_like(t)), "identical outputs"),
+    (lambda t: _bag_graph(np.where(np.arange(t.shape[0])[:, None] % 2 == 0, np.nan, t).astype(np.float32)),
+     "non-finite output"),
+    (lambda t: _bag_graph(t, output="scores"), "no output 'logits'"),
+    (lambda t: _bag_graph(t, batch=16), "static batch"),
+])
+def test_hot_swap_refuses_a_graph_that_does_not_fit_or_is_broken(tmp_path, table, make, check):
+    handler = OnnxClassifierHandler(model_dir=make_dir(tmp_path / "m", table))
+    handler.load_model()
+    path, digest = _publish(tmp_path, "bad.onnx", make(table))
+    with pytest.raises(ModelError, match=check):
+        handler.load_version(path, digest)
+
+
+def test_hot_swap_checks_the_pointers_sha256(tmp_path, table):
+    handler = OnnxClassifierHandler(model_dir=make_dir(tmp_path / "m", table))
+    handler.load_model()
+    path, _ = _publish(tmp_path, "v2.onnx", _bag_graph(table * 0.5))
+    with pytest.raises(ChecksumError):
+        handler.load_version(path, "0" * 64)

@@ -16,9 +16,13 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pyarrow as pa
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+from tokenizers import Tokenizer
 
+from pyflink_aisp.checksums import sha256_file
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.errors import ChecksumError, ConfigError, ModelError, TokenizeError
 from pyflink_aisp.inference._handler import Prepared
@@ -394,3 +398,67 @@ def test_gpu_requests_never_fall_back_to_cpu(paraphrase: ParaphraseMiniLM) -> No
     assert gpu.device() == "cuda:1" and gpu.providers == ["CUDAExecutionProvider"]
     with pytest.raises(ModelError, match="refusing to run on the CPU"):
         torch_handler(device="cuda").load_model()
+
+
+def _token_graph(table: np.ndarray) -> onnx.ModelProto:
+    """``table[input_ids]``: ``(batch, seq, dim)`` token vectors under the paraphrase graph's output
+    name, fed like it (``input_ids``, ``attention_mask``; the mask is declared, as exports do)."""
+    ints = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+            for n in ("input_ids", "attention_mask")]
+    out = helper.make_tensor_value_info(PARAPHRASE_TOKEN_OUTPUT, TensorProto.FLOAT,
+                                        ["batch", "seq", table.shape[1]])
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "input_ids"], [PARAPHRASE_TOKEN_OUTPUT])],
+                              "tokens", ints, [out], initializer=[numpy_helper.from_array(table, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model
+
+
+def _published(tmp_path: Path, name: str, graph: onnx.ModelProto) -> tuple[Path, str]:
+    path = tmp_path / name
+    onnx.save_model(graph, str(path))
+    return path, sha256_file(path)
+
+
+def test_hot_swap_takes_another_graph_of_the_same_width(
+    paraphrase: ParaphraseMiniLM, reviews: list[str], tmp_path: Path
+) -> None:
+    """A copy of the real graph swaps in with the serving embeddings; a graph of other weights
+    (token vectors of a table) gives the mean of its rows over each text's tokens, normalised."""
+    handler = paraphrase_handler(paraphrase)
+    served = handler.load_model()
+    texts = reviews[:24]
+    copy = tmp_path / "copy.onnx"
+    shutil.copyfile(paraphrase.onnx_path, copy)
+    same = handler.load_version(copy, sha256_file(copy))
+    np.testing.assert_allclose(np.stack(handler.run_inference(texts, same)),
+                               np.stack(handler.run_inference(texts, served)), atol=1e-6)
+    vocab = Tokenizer.from_file(str(paraphrase.tokenizer_path)).get_vocab_size()
+    table = np.random.default_rng(3).normal(size=(vocab, 384)).astype(np.float32)
+    path, digest = _published(tmp_path, "v2.onnx", _token_graph(table))
+    swapped = handler.load_version(path, digest)
+    tokenizer = Tokenizer.from_file(str(paraphrase.tokenizer_path))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(PARAPHRASE_MAX_LENGTH)
+    want = np.stack([table[e.ids].astype(np.float64).mean(axis=0) for e in tokenizer.encode_batch(texts)])
+    want /= np.linalg.norm(want, axis=1, keepdims=True)
+    np.testing.assert_allclose(np.stack(handler.run_inference(texts, swapped)), want, atol=1e-5)
+
+
+@pytest.mark.parametrize(("kind", "check"), [
+    ("narrow", "shape"), ("one vector for every token", "identical outputs"),
+    ("zeros", "embedding not L2-normalised"),
+])
+def test_hot_swap_refuses_another_width_or_a_degenerate_graph(
+    paraphrase: ParaphraseMiniLM, tmp_path: Path, kind: str, check: str
+) -> None:
+    handler = paraphrase_handler(paraphrase)
+    handler.load_model()
+    vocab = Tokenizer.from_file(str(paraphrase.tokenizer_path)).get_vocab_size()
+    rng = np.random.default_rng(5)
+    table = {"narrow": rng.normal(size=(vocab, 8)),
+             "one vector for every token": np.tile(rng.normal(size=(1, 384)), (vocab, 1)),
+             "zeros": np.zeros((vocab, 384))}[kind].astype(np.float32)
+    path, digest = _published(tmp_path, "bad.onnx", _token_graph(table))
+    with pytest.raises(ModelError, match=f"failed the swap probe \\({check}\\)"):
+        handler.load_version(path, digest)
