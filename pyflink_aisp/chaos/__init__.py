@@ -11,7 +11,7 @@ Top floor: it drives :mod:`pyflink_aisp.local` and reads and writes topics with
 from __future__ import annotations
 
 from pyflink_aisp.chaos._http_proxy import FaultProxy, Faults
-from pyflink_aisp.chaos._kill import JobProgress, job_progress, kill_taskmanager, wait_recovered
+from pyflink_aisp.chaos._kill import JobProgress, job_progress, job_restarts, kill_taskmanager, wait_recovered
 from pyflink_aisp.chaos._run import FailureEvent, FailurePlan, FailureResult, run_chaos
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "Faults",
     "JobProgress",
     "job_progress",
+    "job_restarts",
     "kill_taskmanager",
     "run_chaos",
     "wait_recovered",

@@ -76,6 +76,8 @@ class FaultProxy:
         self.upstream = upstream.rstrip("/")
         self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self.arrivals: collections.defaultdict[str, list[float]] = collections.defaultdict(list)
+        #: Per path, ``[start, end]`` wall-clock seconds of each request (end None while in flight).
+        self.spans: collections.defaultdict[str, list[list[float | None]]] = collections.defaultdict(list)
         self._faults = faults or Faults()
         self._rng = random.Random(self._faults.seed)
         self._sock = socket.socket()
@@ -113,6 +115,12 @@ class FaultProxy:
                  for t in ts if t >= since]
         return min(times, default=None)
 
+    def inflight_at(self, t: float, path_suffix: str = "") -> int:
+        """Requests whose path ends with ``path_suffix`` that had arrived and not been answered at
+        wall-clock time ``t`` (s): the client's concurrency as the server's door sees it."""
+        return sum(1 for path, spans in self.spans.items() if path.endswith(path_suffix)
+                   for start, end in spans if start is not None and start <= t and (end is None or end > t))
+
     def __enter__(self) -> FaultProxy:
         self._thread.start()
         deadline = time.monotonic() + 10
@@ -147,6 +155,14 @@ class FaultProxy:
         outcome = self._draw() if scope["path"].endswith(self._faults.path_suffix) else "forwarded"
         self.counts[(scope["path"], outcome)] += 1
         self.arrivals[scope["path"]].append(time.time())
+        span: list[float | None] = [self.arrivals[scope["path"]][-1], None]
+        self.spans[scope["path"]].append(span)
+        try:
+            await self._serve(scope, body, path, outcome, send)
+        finally:
+            span[1] = time.time()
+
+    async def _serve(self, scope: dict[str, Any], body: bytes, path: str, outcome: str, send: Any) -> None:
         if outcome == "rate_limited":
             await _answer(send, 429, b'{"error": "rate limited"}',
                           [(b"retry-after", str(self._faults.retry_after_s).encode())])

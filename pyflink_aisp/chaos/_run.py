@@ -16,7 +16,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +93,7 @@ class FailureEvent:
         orphans_after_restart: The same count after the restart (the reaper's result).
         recovery_s: Failure → job RUNNING and a later checkpoint completed; None on timeout.
         restarts: The job's ``numRestarts`` (Flink job metric) once it recovered; None when unknown.
+        at: Epoch seconds of the failure (the kill or the broker's stop).
     """
 
     kind: str
@@ -101,6 +102,7 @@ class FailureEvent:
     orphans_after_restart: int
     recovery_s: float | None
     restarts: int | None = None
+    at: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,7 +156,7 @@ def _fail(stack: LocalStack, kind: str, rest: str, job_id: str, plan: FailurePla
     return FailureEvent(kind=kind, killed_pids=tuple(killed), orphans_before_restart=orphans_before,
                       orphans_after_restart=orphans_after,
                       recovery_s=None if recovered is None else recovered - started,
-                      restarts=job_restarts(rest, job_id))
+                      restarts=job_restarts(rest, job_id), at=started)
 
 
 def run_chaos(
@@ -162,9 +164,10 @@ def run_chaos(
     plan: FailurePlan,
     *,
     job_py: Path,
-    model_dir: Path,
+    model_dir: Path | None,
     work_dir: Path,
     on_event: Callable[[int, FailureEvent], None] | None = None,
+    model_args: Sequence[str] = (),
 ) -> FailureResult:
     """Run ``plan`` against the running ``stack`` (Kafka + Flink) and read the outcome.
 
@@ -172,7 +175,8 @@ def run_chaos(
         stack: A running local stack with Flink.
         plan: The failures.
         job_py: ``jobs/review_sentiment.py``.
-        model_dir: The sentiment model assets folder.
+        model_dir: The sentiment model assets folder; None: the model is named by ``model_args``.
+        model_args: More job flags (e.g. a ``--remote-url`` model's), after the topics.
         work_dir: Folder for the ``flink run`` log.
         on_event: Called after each failure (index, event), e.g. to print progress.
 
@@ -196,8 +200,9 @@ def run_chaos(
     chunk = -(-len(records) // (len(kinds) + 1))
     ingest_records(bootstrap, t_in, records[:chunk], progress=False)
     args = ["--bootstrap-servers", bootstrap, "--input-topic", t_in, "--output-topic", t_out,
-            "--dlq-topic", t_dlq, "--model-dir", str(model_dir), "--job-name", f"chaos-{run}",
-            "--checkpoint-interval-ms", str(plan.checkpoint_interval_ms)]
+            "--dlq-topic", t_dlq, *(() if model_dir is None else ("--model-dir", str(model_dir))),
+            "--job-name", f"chaos-{run}", "--checkpoint-interval-ms", str(plan.checkpoint_interval_ms),
+            *model_args]
     if plan.restart_options is None:  # fmt: skip
         args += ["--restart-attempts", "1000", "--restart-interval-s", "3600",
                  "--restart-delay-s", "1", "--restart-max-delay-s", "1"]
