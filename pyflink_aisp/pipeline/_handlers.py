@@ -16,6 +16,7 @@ from pyflink_aisp.inference.handlers import (
     TorchSentimentHandler,
 )
 from pyflink_aisp.inference.handlers.remote import (
+    CallLogConfig,
     LimiterConfig,
     OpenAIEmbeddingHandler,
     OpenAIGenerationHandler,
@@ -103,6 +104,12 @@ def remote_handler(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
     api, rows = options.remote_api, options.remote_rows_per_request
     if api is RemoteApi.V2:
         return V2PredictorHandler(version=options.remote_model_version, rows_per_request=rows, **endpoint)
+    if options.remote_call_log is not None:
+        servers = options.remote_call_log_servers or getattr(options, "servers", None)
+        if servers is None:
+            raise ConfigError("--remote-call-log needs --remote-call-log-servers here (a SQL function's "
+                              "registry entry has no job bootstrap servers)")
+        endpoint["call_log"] = CallLogConfig(topic=options.remote_call_log, bootstrap_servers=servers)
     if api is RemoteApi.OPENAI_EMBEDDINGS:
         return OpenAIEmbeddingHandler(rows_per_request=rows, **endpoint)
     return OpenAIGenerationHandler(

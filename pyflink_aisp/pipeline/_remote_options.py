@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference.handlers.remote import check_base_url, path_segment, schema_fields
+from pyflink_aisp.inference.handlers.remote import CallLogConfig, check_base_url, path_segment, schema_fields
 from pyflink_aisp.pipeline._options import OptionGroup, opt, options_of
 
 __all__ = ["GENERATION_OPTION_NAMES", "RemoteApi", "RemoteOptions"]
@@ -81,6 +81,12 @@ class RemoteOptions:
         minimum=0.001)
     remote_request_timeout_s: float = opt(10.0, M, 'Longest one attempt may take.', unit='s',
         job_param='aisp.remote.request-timeout-s', minimum=0.001)
+    remote_call_log: str | None = opt(None, M, 'OpenAI APIs: a Kafka topic that keeps each answer (created '
+        'compacted when missing), so that records replayed after a failover are answered from it instead '
+        'of the server, and a record that failed for good or ran out of --remote-deadline-s is not '
+        'retried after a restart.', job_param='aisp.remote.call-log', nullable=True)
+    remote_call_log_servers: str | None = opt(None, M, "The call log's Kafka bootstrap servers (default: "
+        "the job's --bootstrap-servers).", job_param='aisp.remote.call-log-servers', nullable=True)
     prompt_template: str = opt('{text}', M, 'Generation: the prompt, with {text} (and {text_pair}) replaced '
         "by the record's text; other braces stay.", job_param='aisp.generate.prompt-template')
     system_prompt: str | None = opt(None, M, 'Generation (openai-chat): a system message.',
@@ -180,6 +186,17 @@ class RemoteOptions:
         if self.remote_max_tokens_per_min is not None and self.remote_api is RemoteApi.V2:
             raise ConfigError("--remote-max-tokens-per-min is for the OpenAI APIs (V2 answers report no "
                               "tokens); limit a V2 server with --remote-max-requests-per-s")
+        if self.remote_call_log is not None and self.remote_api is RemoteApi.V2:
+            raise ConfigError("--remote-call-log is for the OpenAI APIs (a V2 numeric model is cheap to "
+                              "call again)")
+        if self.remote_call_log_servers is not None and self.remote_call_log is None:
+            raise ConfigError("--remote-call-log-servers applies to --remote-call-log only")
+        if self.remote_call_log is not None:
+            try:
+                CallLogConfig(topic=self.remote_call_log,
+                              bootstrap_servers=self.remote_call_log_servers or "checked-at-start")
+            except ConfigError as exc:
+                raise ConfigError(f"--remote-call-log: {exc}") from None
         if self.remote_request_timeout_s > self.remote_deadline_s:
             raise ConfigError(f"--remote-request-timeout-s ({self.remote_request_timeout_s:g}) must not "
                               f"exceed --remote-deadline-s ({self.remote_deadline_s:g})")

@@ -236,7 +236,8 @@ def test_the_remote_job_parameters_round_trip(tmp_path: Path) -> None:
         "aisp.remote.ca-file": str(tmp_path / "ca.pem"), "aisp.remote.rows-per-request": "7",
         "aisp.remote.max-concurrency": "9", "aisp.remote.deadline-s": "12.5",
         "aisp.remote.request-timeout-s": "2.5", "aisp.remote.api": "v2",
-        "aisp.remote.max-requests-per-s": "2.5", "aisp.remote.max-tokens-per-min": "none"}
+        "aisp.remote.max-requests-per-s": "2.5", "aisp.remote.max-tokens-per-min": "none",
+        "aisp.remote.call-log": "none", "aisp.remote.call-log-servers": "none"}
     assert InferenceOptions.from_job_parameters(get_from(params)) == options
 
 
@@ -295,6 +296,13 @@ def test_the_generation_job_parameters_round_trip() -> None:
     ({"remote_url": "http://h", "remote_model": "m", "remote_max_tokens_per_min": 1000.0},
      "--remote-max-tokens-per-min is for the OpenAI APIs"),
     ({"remote_max_requests_per_s": 5.0}, "--remote-max-requests-per-s apply to --remote-url only"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_call_log": "calls"},
+     "--remote-call-log is for the OpenAI APIs"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_api": "openai-chat",
+      "remote_call_log_servers": "k:9092"}, "--remote-call-log-servers applies to --remote-call-log only"),
+    ({"remote_url": "http://h", "remote_model": "m", "remote_api": "openai-chat", "remote_call_log": "a b"},
+     "--remote-call-log: call log topic 'a b'"),
+    ({"remote_call_log": "calls"}, "--remote-call-log apply to --remote-url only"),
 ])
 def test_remote_options_are_refused_in_one_line(kwargs, message) -> None:
     with pytest.raises(ConfigError, match=message) as info:
@@ -347,6 +355,8 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.remote.max-concurrency": "64",
         "aisp.remote.max-requests-per-s": "none",
         "aisp.remote.max-tokens-per-min": "none",
+        "aisp.remote.call-log": "none",
+        "aisp.remote.call-log-servers": "none",
         "aisp.remote.deadline-s": "30.0",
         "aisp.remote.request-timeout-s": "10.0",
         "aisp.remote.api": "v2",

@@ -5,11 +5,13 @@ with :class:`OpenAIEmbeddingHandler` and :class:`OpenAIGenerationHandler`; the H
 underneath (:class:`RemoteEndpoint`,
 :class:`RemoteSession`: a connection pool per worker, adaptive concurrency
 :class:`AimdLimiter`, retries with backoff inside a deadline) is shared by every remote
-handler.
+handler. The OpenAI handlers keep their answers in a call log (:class:`CallLog`, a compacted
+Kafka topic) when given one, so records replayed after a failover are not sent again.
 """
 
 from __future__ import annotations
 
+from pyflink_aisp.inference.handlers.remote._call_log import CallLog, CallLogConfig, call_key
 from pyflink_aisp.inference.handlers.remote._client import (
     RETRYABLE_STATUSES,
     RemoteEndpoint,
@@ -31,6 +33,8 @@ from pyflink_aisp.inference.handlers.remote._v2 import V2Model, V2PredictorHandl
 __all__ = [
     "RETRYABLE_STATUSES",
     "AimdLimiter",
+    "CallLog",
+    "CallLogConfig",
     "ChatApi",
     "LimiterConfig",
     "OpenAIEmbeddingHandler",
@@ -40,6 +44,7 @@ __all__ = [
     "RemoteSession",
     "V2Model",
     "V2PredictorHandler",
+    "call_key",
     "check_base_url",
     "path_segment",
     "retry_after_seconds",

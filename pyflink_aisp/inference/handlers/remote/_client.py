@@ -349,16 +349,32 @@ class RemoteSession:
             with self._lock:
                 self._pending.discard(future)
 
-    def gather(self, bodies: Sequence[tuple[str, Any]]) -> list[Any]:
+    def gather(self, bodies: Sequence[tuple[str, Any]],
+               on_answer: Callable[[int, Any], None] | None = None) -> list[Any]:
         """POST each ``(path, JSON body)`` concurrently; wait for all.
+
+        Args:
+            bodies: The requests.
+            on_answer: Called with ``(index, answer or error)`` as each request ends, on the
+                session's event loop (keep it short; an exception in it fails the batch).
 
         Returns:
             Per body, in order: the answer's parsed JSON, or the
             :class:`~pyflink_aisp.errors.RemoteError` /
             :class:`~pyflink_aisp.errors.RemoteTimeoutError` it failed with (returned, not raised).
         """
+        async def one(i: int, path: str, body: Any) -> Any:
+            try:
+                outcome = await self._post(path, body)
+            except RemoteError as exc:
+                outcome = exc
+            if on_answer is not None:
+                on_answer(i, outcome)
+            return outcome
+
         async def run_all() -> list[Any]:
-            return list(await asyncio.gather(*(self._post(p, b) for p, b in bodies), return_exceptions=True))
+            return list(await asyncio.gather(*(one(i, p, b) for i, (p, b) in enumerate(bodies)),
+                                             return_exceptions=True))
 
         outcomes = self._run(run_all())
         for outcome in outcomes:

@@ -26,14 +26,22 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from pyflink_aisp.errors import ConfigError, InvalidModelOutputError, ModelError, RemoteError
+from pyflink_aisp.errors import (
+    ConfigError,
+    InvalidModelOutputError,
+    ModelError,
+    RemoteError,
+    RemoteTimeoutError,
+)
 from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
+from pyflink_aisp.inference.handlers.remote._call_log import CallLog, CallLogConfig, call_key
 from pyflink_aisp.inference.handlers.remote._client import RemoteEndpoint, RemoteSession
 from pyflink_aisp.inference.tasks import EmbeddingTask, GenerationTask, OutputField, SqlType
 
@@ -133,10 +141,12 @@ class OpenAIModel:
 
     Attributes:
         session: The connection pool, limiter and retries.
+        call_log: The worker's call log (answers kept across failovers), or None.
         prompt_tokens / completion_tokens: Token usage the server reported, summed.
     """
 
     session: RemoteSession
+    call_log: CallLog | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -158,12 +168,14 @@ class _OpenAIHandler(ModelHandler[Any, Any, OpenAIModel]):
     """What the embedding and generation handlers share: the endpoint, the health check, the
     session, the gauges, splitting refused multi-record requests."""
 
-    def __init__(self, *, url: str, model: str, **endpoint: Any) -> None:
+    def __init__(self, *, url: str, model: str, call_log: CallLogConfig | None = None,
+                 **endpoint: Any) -> None:
         if not model or any(ord(c) < 0x20 for c in model):
             raise ConfigError(f"a remote model name must be non-empty without control characters, "
                               f"got {model!r}")
         self.endpoint = RemoteEndpoint(url=url, **endpoint)
         self.model = model
+        self.call_log = call_log
         self._checked = False
 
     def check(self) -> None:
@@ -198,15 +210,23 @@ class _OpenAIHandler(ModelHandler[Any, Any, OpenAIModel]):
         """
         self._checked = False
         self.check()
-        return OpenAIModel(RemoteSession(self.endpoint))
+        log = None if self.call_log is None else CallLog(self.call_log, scope=self.model_version()).open()
+        return OpenAIModel(RemoteSession(self.endpoint), call_log=log)
 
     def release_model(self, model: OpenAIModel) -> None:
         model.session.close()
+        if model.call_log is not None:
+            model.call_log.close()
 
     def metrics(self, model: OpenAIModel) -> dict[str, Callable[[], int]]:
-        """The session's gauges plus ``remotePromptTokens`` and ``remoteCompletionTokens``."""
-        return {**model.session.gauges(), "remotePromptTokens": lambda: model.prompt_tokens,
-                "remoteCompletionTokens": lambda: model.completion_tokens}
+        """The session's gauges plus ``remotePromptTokens`` and ``remoteCompletionTokens`` (and,
+        with a call log, ``remoteCallLogHits``: records answered from it, ``remoteCallLogSize``)."""
+        gauges = {**model.session.gauges(), "remotePromptTokens": lambda: model.prompt_tokens,
+                  "remoteCompletionTokens": lambda: model.completion_tokens}
+        log = model.call_log
+        if log is not None:
+            gauges.update(remoteCallLogHits=lambda: log.hits, remoteCallLogSize=lambda: log.size)
+        return gauges
 
     def prepare_batch(self, batch: Sequence[Any], model: OpenAIModel) -> Prepared:
         """The examples as a list; lengths: characters (no tokenizer here)."""
@@ -238,18 +258,105 @@ class _OpenAIHandler(ModelHandler[Any, Any, OpenAIModel]):
         raise NotImplementedError
 
     def _answers(self, examples: list[Any], model: OpenAIModel) -> list[Any]:
-        """One prediction, or the error, per example; requests of ``rows_per_request``."""
+        """One prediction, or the error, per example: from the call log where it holds the
+        record's request (no request is made), else from the server (logged)."""
+        log = model.call_log
+        if log is None:
+            return self._call(examples, model)
+        keys = [call_key(self.model_version(), self._request([x])) for x in examples]
+        results: list[Any] = [None] * len(examples)
+        todo: list[int] = []
+        started: list[tuple[str, dict[str, Any]]] = []
+        now = time.time()
+        for i, key in enumerate(keys):
+            entry = log.get(key) or {}
+            kind = entry.get("kind")
+            if kind in ("ok", "invalid", "failed"):
+                results[i] = self._replayed(entry)
+                log.hits += 1
+            elif kind == "started" and now - float(entry.get("at", now)) > self.endpoint.deadline_s:
+                results[i] = RemoteTimeoutError(
+                    f"the record's deadline of {self.endpoint.deadline_s:g} s passed since its first "
+                    f"attempt before a restart (call log {log.config.topic})")
+                log.put([(key, {"kind": "failed", "at": now, "timeout": True, "status": None,
+                               "detail": str(results[i])})])
+            else:
+                todo.append(i)
+                if kind is None:
+                    started.append((key, {"kind": "started", "at": now}))
+        log.put(started)
+
+        def logged(first: int, outcomes: list[Any]) -> None:  # as each answer comes
+            log.put((keys[todo[first + k]], self._logged(r)) for k, r in enumerate(outcomes))
+
+        fresh = self._call([examples[i] for i in todo], model, on_final=logged) if todo else []
+        log.flush()
+        for i, r in zip(todo, fresh, strict=True):
+            results[i] = r
+        return results
+
+    def _logged(self, result: Any) -> dict[str, Any]:
+        """The call log entry of one fresh result."""
+        at = time.time()
+        if isinstance(result, InvalidModelOutputError):
+            return {"kind": "invalid", "at": at, "detail": str(result)}
+        if isinstance(result, RemoteError):
+            return {"kind": "failed", "at": at, "status": result.status,
+                    "timeout": isinstance(result, RemoteTimeoutError), "detail": str(result)}
+        return {"kind": "ok", "at": at, "result": self._encode(result)}
+
+    def _replayed(self, entry: dict[str, Any]) -> Any:
+        """The result (or the error) an entry logged."""
+        if entry["kind"] == "ok":
+            return self._decode(entry.get("result"))
+        detail = f"{entry.get('detail')} (from the call log: this request failed before a restart)"
+        if entry["kind"] == "invalid":
+            return InvalidModelOutputError(str(entry.get("detail")))
+        status = entry.get("status")
+        error = RemoteTimeoutError if entry.get("timeout") else RemoteError
+        return error(detail, status if isinstance(status, int) else None)
+
+    def _encode(self, result: Any) -> Any:
+        """A prediction as JSON (generation rows are JSON already)."""
+        return result
+
+    def _decode(self, value: Any) -> Any:
+        """:meth:`_encode` undone."""
+        return value
+
+    def _call(self, examples: list[Any], model: OpenAIModel,
+              on_final: Callable[[int, list[Any]], None] | None = None) -> list[Any]:
+        """One prediction, or the error, per example; requests of ``rows_per_request``.
+
+        ``on_final(first, outcomes)`` is called as soon as the outcomes of ``examples[first:first
+        + len(outcomes)]`` are final (one request's answer read, on the session's loop), so that a
+        call log holds each answer before the whole batch ends.
+        """
         step = self.rows_per_request
-        parts = [examples[i:i + step] for i in range(0, len(examples), step)]
-        answers = model.session.gather([self._request(p) for p in parts])
-        results: list[Any] = []
-        for part, answer in zip(parts, answers, strict=True):
+        starts = list(range(0, len(examples), step))
+        parts = [examples[i:i + step] for i in starts]
+        done: dict[int, list[Any]] = {}
+
+        def answered(j: int, answer: Any) -> None:
+            part = parts[j]
             if isinstance(answer, RemoteError) and answer.status in _SPLIT_STATUSES and len(part) > 1:
-                singles = model.session.gather([self._request([x]) for x in part])  # once, per record
-                for x, single in zip(part, singles, strict=True):
-                    results.extend(self._outcome(single, [x], model))
+                return  # sent again one record per request below
+            done[j] = self._outcome(answer, part, model)
+            if on_final is not None:
+                on_final(starts[j], done[j])
+
+        model.session.gather([self._request(p) for p in parts], on_answer=answered)
+        results: list[Any] = []
+        for j, part in enumerate(parts):
+            if j in done:
+                results.extend(done[j])
                 continue
-            results.extend(self._outcome(answer, part, model))
+            singles = model.session.gather([self._request([x]) for x in part])  # once, per record
+            for k, (x, single) in enumerate(zip(part, singles, strict=True)):
+                outcome = self._outcome(single, [x], model)
+                if on_final is not None:
+                    on_final(starts[j] + k, outcome)
+                results.extend(outcome)
         return results
 
     def _outcome(self, answer: Any, part: list[Any], model: OpenAIModel) -> list[Any]:
@@ -315,6 +422,12 @@ class OpenAIEmbeddingHandler(_OpenAIHandler):
         if self.dimensions is not None:
             body["dimensions"] = self.dimensions
         return "/v1/embeddings", body
+
+    def _encode(self, result: Any) -> Any:
+        return [float(v) for v in result]  # float32 -> double -> float32 is exact
+
+    def _decode(self, value: Any) -> Any:
+        return np.asarray(value, dtype=np.float32)
 
     def _read(self, answer: Any, examples: Sequence[Any], model: OpenAIModel) -> list[Any]:
         model.count(answer.get("usage") if isinstance(answer, dict) else None)
