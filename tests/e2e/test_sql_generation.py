@@ -34,7 +34,10 @@ def _prepare(tmp_path: Path, mode: str, bootstrap: str, server: str) -> tuple[Pa
     (tmp_path / "judge.schema.json").write_text((SQL / "judge.schema.json").read_text())
     registry = (SQL / "llm_models.yaml").read_text()
     assert "remote-url: http://127.0.0.1:8080" in registry
-    (tmp_path / "llm_models.yaml").write_text(registry.replace("http://127.0.0.1:8080", server))
+    # one conversation in flight, as the direct requests the answers are compared with: llama.cpp decodes
+    # concurrent ones in one batch, whose float sums may flip a greedy token
+    registry = registry.replace("http://127.0.0.1:8080", server) + "    remote-max-concurrency: 1\n"
+    (tmp_path / "llm_models.yaml").write_text(registry)
     text = (SQL / "review_judge.sql").read_text()
     swaps = [("127.0.0.1:9092", bootstrap), ("'topic' = 'reviews'", f"'topic' = '{topic}'"),
              ("'reviews-judged;reviews-judged.dlq'", f"'{topic}-out;{topic}-out.dlq'"),

@@ -13,7 +13,11 @@ import pytest
 from pyflink_aisp.chaos import FaultProxy, Faults
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.errors import InvalidModelOutputError, RemoteError
-from pyflink_aisp.inference.handlers.remote import OpenAIEmbeddingHandler, OpenAIGenerationHandler
+from pyflink_aisp.inference.handlers.remote import (
+    LimiterConfig,
+    OpenAIEmbeddingHandler,
+    OpenAIGenerationHandler,
+)
 
 pytestmark = pytest.mark.integration
 TEMPLATE = "Is this movie review positive or negative?\nReview: {text}\nAnswer:"
@@ -37,8 +41,12 @@ def _run(handler, examples):
 
 
 def test_chat_answers_equal_the_servers_own_and_count_its_usage(openai_server, reviews) -> None:
+    # one request in flight, as the direct requests below: llama.cpp decodes concurrent conversations in
+    # one batch, whose float sums differ in the last bits, enough to flip a greedy token now and then
+    # (seen once in CI: "Positive." against "This movie review is positive.")
     handler = OpenAIGenerationHandler(url=openai_server, model="smollm2", prompt_template=TEMPLATE,
-                                      system_prompt="Answer with one word.", max_tokens=8, seed=7, **SLOW)
+                                      system_prompt="Answer with one word.", max_tokens=8, seed=7,
+                                      concurrency=LimiterConfig(initial=1, maximum=1), **SLOW)
     out, model = _run(handler, reviews[:6])
     for text, got in zip(reviews[:6], out, strict=True):
         body = {"model": "smollm2", "max_tokens": 8, "temperature": 0.0, "seed": 7, "messages": [
