@@ -7,13 +7,30 @@ instead of running on another device. Nodes a GPU provider cannot run still
 go to ORT's CPU provider inside the same session; that is ORT's per-node
 placement, not a device fallback.
 
-On a CUDA or TensorRT session :meth:`OnnxSentimentModel.predict` uses IO
-binding (``InferenceSession.io_binding``): the pooled numpy inputs are bound
-with ``bind_cpu_input`` (ORT copies them to the device once), the outputs are
-allocated on the device by ORT (``bind_output(name, "cuda", device_id)``, so
-their size need not be known) and copied back with ``copy_outputs_to_cpu``
-after ``run_with_iobinding``. See ONNX Runtime's "Python API: IOBinding".
-The CPU path keeps ``session.run``.
+On a CUDA or TensorRT session :meth:`OnnxSentimentModel.predict` runs through
+IO binding with device-resident inputs and outputs
+(:class:`~pyflink_aisp.inference.handlers._onnx_binding.DeviceIO`, ONNX Runtime's
+"I/O Binding", https://onnxruntime.ai/docs/performance/tune-performance/iobinding.html):
+each pooled numpy input is copied once into an ``OrtValue`` on the device (kept
+per shape and refilled with ``update_inplace``) and bound with
+``bind_ortvalue_input``; the outputs are bound to the device
+(``bind_output(name, "cuda", device_id)``) and copied to the host once. The
+CPU path keeps ``session.run``; ``io_binding=True`` runs the binding path on the
+CPU provider (``"cpu", 0``) with the same numbers.
+
+A TensorRT session gets default provider options
+(:mod:`~pyflink_aisp.inference.handlers._onnx_trt`, ONNX Runtime's "TensorRT
+Execution Provider",
+https://onnxruntime.ai/docs/execution-providers/TensorRT-ExecutionProvider.html):
+one shape profile for every dynamic input (batch 1..``max_batch_size``, opt
+``batch_size``; sequence 1..``max_length``, opt 48 tokens), an engine and timing
+cache under ``<aisp home>/trt-cache/<model sha256>/``, and ``trt_fp16_enable``
+with ``precision="fp16"``; the user's own TensorRT options win over them.
+
+Measured where: the GPU host used for checks (``bench/gpu_check.sh``) has the
+CPU-only onnxruntime, so ORT CUDA and TensorRT rows are "not measured" there;
+the binding path is tested on the CPU provider and the TensorRT options as
+values (``tests/unit/inference/test_onnx_gpu_options.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +45,16 @@ import onnxruntime as ort
 import pyarrow as pa
 
 from pyflink_aisp.errors import ConfigError, ModelError, TokenizeError
+from pyflink_aisp.inference.handlers._onnx_binding import DeviceIO
+from pyflink_aisp.inference.handlers._onnx_trt import (
+    DEFAULT_TRT_MAX_BATCH,
+    DEFAULT_TRT_OPT_LENGTH,
+    TensorrtSettings,
+    graph_input_shapes,
+    tensorrt_cache_dir,
+    tensorrt_provider_options,
+    with_tensorrt_defaults,
+)
 from pyflink_aisp.models import EMBEDDING_OUTPUT, SCORE_OUTPUT, ModelAssets
 from pyflink_aisp.tokenize import ArrowTokenizer, TokenizedBatch, TokenizerConfig
 
@@ -155,12 +182,17 @@ class OnnxSentimentModel:
             (spin). Spinning speeds back-to-back runs of large batches; on
             cores shared with the JVMs it burns CPU the rest of the job needs
             between small batches (decision record 3, the SLO controller).
+        max_batch_size: TensorRT only: the largest batch :meth:`predict_rows` is
+            given (the profile's max batch; a larger one is run in chunks of it);
+            None: ``max(batch_size, 1024)``.
+        precision: ``"fp32"``, or ``"fp16"`` (TensorRT only: ``trt_fp16_enable``).
 
     Raises:
         ConfigError: ``intra_op_num_threads`` or ``batch_size`` < 1, an
-            unknown provider name, or a ``device_id`` as :func:`normalize_providers`.
+            unknown provider name, a ``device_id`` as :func:`normalize_providers`,
+            ``max_batch_size`` < ``batch_size``, or fp16 without TensorRT.
         ModelError: A requested provider is unavailable or was dropped by ORT,
-            or the model cannot be loaded.
+            the model cannot be loaded, or the TensorRT cache directory cannot be made.
         ChecksumError: The model files differ from the manifest (``verify``).
     """
 
@@ -175,6 +207,8 @@ class OnnxSentimentModel:
         device_id: int | None = None,
         io_binding: bool | None = None,
         allow_spinning: bool | None = None,
+        max_batch_size: int | None = None,
+        precision: str = "fp32",
     ) -> None:
         if intra_op_num_threads is not None and intra_op_num_threads < 1:
             raise ConfigError(f"intra_op_num_threads must be >= 1 or None, got {intra_op_num_threads}")
@@ -191,7 +225,17 @@ class OnnxSentimentModel:
             assets.tokenizer_path, TokenizerConfig(max_length=assets.max_length)
         )
         self._allow_spinning = allow_spinning
-        self._session = self._open_session(names, options, intra_op_num_threads)
+        settings = _tensorrt_settings(assets, names, batch_size, max_batch_size, precision)
+        pairs: Sequence[tuple[str, Mapping[str, object]]] = list(zip(names, options, strict=True))
+        self._max_rows: int | None = None
+        if settings is not None:
+            pairs = with_tensorrt_defaults(pairs, tensorrt_provider_options(
+                graph_input_shapes(assets.onnx_path), settings))
+            self._max_rows = settings.max_batch_size
+            _make_cache_dir(settings.cache_dir)
+        self._session = self._open_session([n for n, _ in pairs], [dict(o) for _, o in pairs],
+                                           intra_op_num_threads)
+        self._io = DeviceIO(self._session, _OUTPUTS, self._device) if self._io_binding else None
 
     def _open_session(
         self, names: list[str], options: list[dict[str, object]], intra_op_num_threads: int | None
@@ -274,6 +318,10 @@ class OnnxSentimentModel:
         Returns:
             ``(scores, embeddings)``: float32 ``(k,)`` and ``(k, embedding_dim)``, in ``rows`` order.
         """
+        if self._max_rows is not None and len(rows) > self._max_rows:  # beyond the TensorRT profile
+            parts = [self.predict_rows(tokens, rows[start:start + self._max_rows])
+                     for start in range(0, len(rows), self._max_rows)]
+            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         with self.tokenizer.pad(tokens, rows) as padded:
             embedding, score = self._run(padded.model_inputs())
         return score.reshape(-1), embedding
@@ -281,21 +329,47 @@ class OnnxSentimentModel:
     def _run(self, inputs: Mapping[str, npt.NDArray[np.int64]]) -> list[npt.NDArray[np.float32]]:
         """One ``(batch, seq_len)`` batch → ``[embedding, score]`` host arrays.
 
-        With IO binding the outputs are allocated by ORT on the session's device
-        and copied to the host after the run; the inputs are copied to the
-        device during ``run_with_iobinding``, so the (pooled) numpy inputs may
-        be reused as soon as this returns.
+        With IO binding (:class:`DeviceIO`) the inputs are copied to device values
+        before the run and the outputs are allocated on the session's device and
+        copied to the host after it, so the (pooled) numpy inputs may be reused
+        as soon as this returns.
         """
-        if not self._io_binding:
+        if self._io is None:
             return list(self._session.run(_OUTPUTS, dict(inputs)))
-        binding = self._session.io_binding()
-        for name, array in inputs.items():
-            binding.bind_cpu_input(name, array)
-        device_type, _, index = self._device.partition(":")
-        for name in _OUTPUTS:
-            binding.bind_output(name, device_type, int(index or 0))
-        self._session.run_with_iobinding(binding)
-        return list(binding.copy_outputs_to_cpu())
+        return [np.asarray(array, dtype=np.float32) for array in self._io.run(inputs)]
+
+
+def _tensorrt_settings(
+    assets: ModelAssets, names: Sequence[str], batch_size: int, max_batch_size: int | None, precision: str
+) -> TensorrtSettings | None:
+    """The TensorRT option settings of a sentiment session; None without a TensorRT provider.
+
+    Raises:
+        ConfigError: ``max_batch_size`` < ``batch_size``, or a precision other than fp32
+            without TensorRT (or not fp32/fp16).
+    """
+    if ExecutionProvider.TENSORRT.value not in names:
+        if precision != "fp32":
+            raise ConfigError(f"precision {precision!r} needs the TensorRT provider (got {list(names)})")
+        return None
+    max_rows = max(batch_size, DEFAULT_TRT_MAX_BATCH) if max_batch_size is None else max_batch_size
+    if max_rows < batch_size:
+        raise ConfigError(f"max_batch_size ({max_rows}) must be >= batch_size ({batch_size})")
+    return TensorrtSettings(max_batch_size=max_rows, opt_batch_size=batch_size, max_length=assets.max_length,
+                            opt_length=min(DEFAULT_TRT_OPT_LENGTH, assets.max_length),
+                            cache_dir=tensorrt_cache_dir(assets.sha256, precision), precision=precision)
+
+
+def _make_cache_dir(path: Path) -> None:
+    """Create the TensorRT cache directory.
+
+    Raises:
+        ModelError: It cannot be created.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelError(f"cannot create the TensorRT engine cache {path}: {exc}") from exc
 
 
 def open_session(

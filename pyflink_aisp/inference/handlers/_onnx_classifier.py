@@ -178,7 +178,7 @@ class OnnxClassifierHandler(OnnxEncoderHandler):
     def _wrap_model(self, model: OnnxEncoderModel) -> OnnxEncoderModel:
         """The encoder session, returning probabilities (softmax, or sigmoid per label)."""
         classifier = _ClassifierModel(model.session, model.tokenizer, feeds=model.feeds, output=model.output,
-                                      pooling=Pooling.NONE, normalize=False)
+                                      pooling=Pooling.NONE, normalize=False, io=model.io)
         classifier.multi_label = self._classifier.multi_label
         return classifier
 

@@ -14,8 +14,10 @@ Execution providers follow :mod:`pyflink_aisp.inference.handlers._onnx`: the cal
 names them (CPU by default), and a requested provider that this onnxruntime
 build lacks or that ORT drops while creating the session raises
 :class:`~pyflink_aisp.errors.ModelError` instead of running on another device.
-Inputs go through ``session.run`` (ORT copies them to a GPU provider's device);
-the pooling runs on the host.
+On a CUDA/TensorRT session the inputs and the output are bound on the device
+(:class:`~pyflink_aisp.inference.handlers._onnx_binding.DeviceIO`: inputs copied
+once into device ``OrtValue`` values, the output copied to the host once); on the CPU
+inputs go through ``session.run``. The pooling runs on the host.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from pyflink_aisp.inference.handlers._onnx import (
     open_session,
     provider_device,
 )
+from pyflink_aisp.inference.handlers._onnx_binding import DeviceIO
 from pyflink_aisp.inference.handlers._probe import check_probe_vectors
 from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizerConfig
 
@@ -71,6 +74,7 @@ class OnnxEncoderModel:
         output: Name of the graph output that is pooled.
         pooling: The reduction of that output.
         normalize: L2-normalise the pooled vectors.
+        io: Device IO binding of the session (CUDA/TensorRT); None: ``session.run``.
     """
 
     def __init__(
@@ -82,8 +86,10 @@ class OnnxEncoderModel:
         output: str,
         pooling: Pooling,
         normalize: bool,
+        io: DeviceIO | None = None,
     ) -> None:
         self.session = session
+        self.io = io
         self.tokenizer = tokenizer
         self.feeds = dict(feeds)
         self.output = output
@@ -106,7 +112,7 @@ class OnnxEncoderModel:
         feed = {
             name: inputs[field.value].astype(dtype, copy=False) for field, (name, dtype) in self.feeds.items()
         }
-        (output,) = self.session.run([self.output], feed)
+        (output,) = self.io.run(feed) if self.io is not None else self.session.run([self.output], feed)
         return pool_embeddings(
             np.asarray(output),
             padded.attention_mask,
@@ -258,8 +264,10 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
                                intra_op_num_threads=self._threads)
         feeds = self._plan_feeds(session, model_path)
         output = self._plan_output(session, model_path)
+        io = DeviceIO(session, [output], self._device) if self._device != "cpu" else None
         return self._wrap_model(OnnxEncoderModel(
-            session, tokenizer, feeds=feeds, output=output, pooling=self._pooling, normalize=self._normalize
+            session, tokenizer, feeds=feeds, output=output, pooling=self._pooling, normalize=self._normalize,
+            io=io,
         ))
 
     def _wrap_model(self, model: OnnxEncoderModel) -> OnnxEncoderModel:
