@@ -18,11 +18,23 @@ thread) and :meth:`ModelHandler.run_prepared` once per model batch (rows of that
 prepared batch chosen by the batcher). Their defaults fall back to
 ``example_tokens`` and ``run_inference``, so a two-method handler works on both
 paths; a handler that tokenizes overrides them to tokenize once per batch.
+
+A device that computes asynchronously (CUDA) overrides three more:
+:meth:`ModelHandler.pipeline_depth` (how many model batches of the batch path may
+be in flight), :meth:`ModelHandler.launch_prepared` (start one batch, do not wait)
+and :meth:`ModelHandler.collect_prepared` (wait for it). The batching thread then
+launches batch n+1 before it collects batch n, so the host prepares and enqueues
+the next batch while the device computes. Their defaults run the batch at launch
+(:meth:`ModelHandler.run_prepared`), so nothing changes for a handler that leaves
+them. :meth:`ModelHandler.on_out_of_memory` frees cached device memory before a
+batch that ran out of memory is split and retried, :meth:`ModelHandler.device_uuid`
+names the device the model really runs on.
 """
 
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +46,7 @@ import numpy.typing as npt
 from pyflink_aisp.errors import ConfigError, ModelError
 from pyflink_aisp.inference.tasks import Task
 
-__all__ = ["ModelHandler", "Prepared", "as_list"]
+__all__ = ["ModelHandler", "Prepared", "as_list", "pipeline_depth_of", "rows_of"]
 
 
 def as_list(batch: Sequence[Any]) -> list[Any]:
@@ -42,6 +54,9 @@ def as_list(batch: Sequence[Any]) -> list[Any]:
     (``list()`` would give Arrow scalars; nulls become None), anything else ``list()``."""
     to_pylist = getattr(batch, "to_pylist", None)
     return list(to_pylist()) if callable(to_pylist) else list(batch)
+
+
+_log = logging.getLogger(__name__)
 
 ExampleT = TypeVar("ExampleT")
 PredictionT = TypeVar("PredictionT")
@@ -193,6 +208,73 @@ class ModelHandler(abc.ABC, Generic[ExampleT, PredictionT, ModelT]):
         examples = prepared.payload
         return self.run_inference([examples[i] for i in rows.tolist()], model)
 
+    def pipeline_depth(self, model: ModelT) -> int:
+        """How many model batches of the batch path the batching thread may have launched
+        (:meth:`launch_prepared`) and not yet collected (:meth:`collect_prepared`).
+
+        Read when the model loads and after each hot swap. 1 (this default): each batch
+        is launched and collected at once, :meth:`run_prepared` called and waited for.
+        A CUDA handler returns 2 or 3: batch n+1 is padded, copied and enqueued while
+        batch n computes. The per-record path (:meth:`run_inference`) is always synchronous.
+
+        Returns:
+            An ``int >= 1``.
+        """
+        return 1
+
+    def launch_prepared(self, prepared: Prepared, rows: npt.NDArray[np.intp], model: ModelT) -> Any:
+        """Start one model batch of the batch path without waiting for its results.
+
+        Called on the batching thread, at most :meth:`pipeline_depth` batches ahead of
+        :meth:`collect_prepared`; each handle is collected exactly once, in launch order.
+        A CUDA handler pads into pinned host buffers, copies them on a copy stream,
+        enqueues the forward and the device-to-host copy of its outputs and records an
+        event; the buffers of a batch in flight must not be reused by the next launch.
+
+        Args:
+            prepared: From :meth:`prepare_batch`.
+            rows: ``(k,)`` row indices into ``prepared``, in the order results are wanted.
+
+        Returns:
+            A handle for :meth:`collect_prepared` (the handler's own object).
+            Default: the ``k`` predictions of :meth:`run_prepared` (computed now).
+
+        Raises:
+            Exception: the batch cannot be launched; the batcher then runs its rows
+                synchronously (launch and collect), bisecting failures as for
+                :meth:`run_inference`.
+        """
+        return self.run_prepared(prepared, rows, model)
+
+    def collect_prepared(self, handle: Any, model: ModelT) -> Sequence[PredictionT]:
+        """Wait for a batch started by :meth:`launch_prepared` and return its results.
+
+        Args:
+            handle: What :meth:`launch_prepared` returned.
+            model: The model the batch was launched on.
+
+        Returns:
+            The batch's ``k`` predictions, in the order of its ``rows``.
+            Default: ``handle`` itself (the default launch computed it).
+
+        Raises:
+            Exception: the batch failed (e.g. CUDA out of memory); handled as a launch that raised.
+        """
+        return handle  # type: ignore[no-any-return]
+
+    def on_out_of_memory(self, model: ModelT) -> None:
+        """Called on the batching thread after a model call ran out of memory
+        (:func:`~pyflink_aisp.inference.is_out_of_memory`), once the failed batch's
+        references (the frames of its traceback) are dropped and before it is split
+        and retried. A torch handler calls ``torch.cuda.empty_cache()``. Default: nothing.
+        An exception raised here is logged and ignored."""
+
+    def device_uuid(self, model: ModelT) -> str | None:
+        """The UUID of the device the loaded model actually runs on, as NVML writes it
+        (``"GPU-xxxxxxxx-..."``, or ``"MIG-..."`` for a MIG instance); None on the CPU
+        (this default). The operator compares it with its GPU affinity lease's UUID."""
+        return None
+
     def batch_byte_size(self, batch: Sequence[ExampleT]) -> int:
         """Approximate bytes of ``batch`` as the model receives it (for metrics);
         default: the UTF-8 length of ``str`` examples, else 0."""
@@ -211,3 +293,32 @@ class ModelHandler(abc.ABC, Generic[ExampleT, PredictionT, ModelT]):
     def release_model(self, model: ModelT) -> None:
         """Free the model's resources (called when the last operator using it closes,
         or for the old model after a hot swap); default: nothing."""
+
+
+def rows_of(examples: Sequence[Any], start: int, stop: int) -> Sequence[Any]:
+    """Rows ``start:stop`` of a list, an Arrow array or a pandas Series (by position)."""
+    iloc = getattr(examples, "iloc", None)
+    return iloc[start:stop] if iloc is not None else examples[start:stop]  # type: ignore[no-any-return]
+
+
+def pipeline_depth_of(handler: ModelHandler[Any, Any, Any], model: Any, fallback: int | None = None) -> int:
+    """``handler.pipeline_depth(model)``, checked to be an int >= 1.
+
+    Raises:
+        ConfigError: It is not, or the hook raised (unless ``fallback`` is given: then
+            that is returned, and the problem logged).
+    """
+    name = type(handler).__name__
+    cause: Exception | None = None
+    try:
+        depth = handler.pipeline_depth(model)
+    except Exception as exc:  # a handler's own hook: report it as a configuration problem
+        message, cause = f"{name}.pipeline_depth raised {type(exc).__name__}: {exc}", exc
+    else:
+        if not isinstance(depth, bool) and isinstance(depth, int) and depth >= 1:
+            return depth
+        message, cause = f"{name}.pipeline_depth must return an int >= 1, got {depth!r}", None
+    if fallback is None:
+        raise ConfigError(message) from cause
+    _log.error("%s; using %d", message, fallback)
+    return fallback

@@ -19,10 +19,20 @@ token budget, buckets and OOM cap in force; one future per submitted batch).
 Both share the model, the SLO controller, bisection of failing batches and the
 metrics.
 
+Pipelined batch path: when ``handler.pipeline_depth(model)`` (read at load and
+at each swap) is above 1, the batching thread launches model batches with
+``handler.launch_prepared`` and collects them with ``handler.collect_prepared``,
+up to that many in flight; :meth:`ModelRuntime.infer_batch` then submits a large
+batch as consecutive slices without waiting between them, so preparing (e.g.
+tokenizing) slice k+1 on the caller's thread overlaps the device computing slice k.
+
 Hot swap (:class:`~pyflink_aisp.inference.ModelSwapConfig`): a watcher thread
 polls the pointer file, loads a new version with ``handler.load_version`` off
 the batching thread, and the batching thread swaps it in before its next batch;
-each :class:`Inferred` carries the version of the model that produced it.
+each :class:`Inferred` carries the version of the model that produced it. A
+batch launched on the old model carries that model and version to its collect
+(tagged with the version that launched it); the old model is released once its
+last batch in flight is collected.
 """
 
 from __future__ import annotations
@@ -41,14 +51,17 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from pyflink_aisp.errors import AispError, InferenceError, ModelError
+from pyflink_aisp.errors import AispError, ConfigError, InferenceError, ModelError
 from pyflink_aisp.inference._batcher import BatchReport, MicroBatcher
-from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
+from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list, pipeline_depth_of, rows_of
 from pyflink_aisp.inference._queue import BatchingConfig
 from pyflink_aisp.inference._swap import ModelPointer, ModelSwapConfig, read_pointer
 from pyflink_aisp.inference.metrics import Window, register_window, version_number
 
 __all__ = ["Inferred", "ModelRuntime", "handler_key"]
+
+#: Rows per slice of :meth:`ModelRuntime.infer_batch` on a pipelined model, in model batches.
+SLICE_BATCHES = 2
 
 _log = logging.getLogger(__name__)
 
@@ -77,6 +90,15 @@ class _Swap:
     last_error: str = ""
 
 
+@dataclass(frozen=True, eq=False)
+class _Launched:
+    """A model batch launched on ``model`` (of ``version``): collected on the same model."""
+
+    handle: Any
+    model: Any
+    version: str
+
+
 class ModelRuntime:
     """The worker's model, batcher and hot-swap watcher for one handler.
 
@@ -99,13 +121,22 @@ class ModelRuntime:
         self._model = handler.load_model()
         self.model_load_ms = (time.perf_counter() - start) * 1000.0
         self.model_version = handler.model_version()
+        try:
+            self._depth = pipeline_depth_of(handler, self._model)
+        except ConfigError:
+            handler.release_model(self._model)
+            raise
+        self._in_flight: dict[int, int] = {}  # id(model) -> its launched batches not yet collected
+        self._retired: dict[int, Any] = {}  # swapped-out models released at their last collect
         self._swap = _Swap()
         self._swap_lock = threading.Lock()
         self._stop = threading.Event()
         self.batch_sizes, self.batch_tokens = Window(), Window()
         self.queue_wait_us, self.compute_us = Window(), Window()
         self.batcher: MicroBatcher[Any, Inferred] = MicroBatcher(
-            self._run_batch, batching, on_batch=self._on_batch, name="aisp-batcher", run_rows=self._run_rows)
+            self._run_batch, batching, on_batch=self._on_batch, name="aisp-batcher", run_rows=self._run_rows,
+            launch_rows=self._launch_rows, collect=self._collect_rows, pipeline_depth=lambda: self._depth,
+            on_oom=lambda: self.handler.on_out_of_memory(self._model))
         self._watcher: threading.Thread | None = None
         if swap is not None:
             self._poll_pointer()  # a pointer published before (re)start wins over the default
@@ -207,9 +238,66 @@ class ModelRuntime:
         threading.Thread(target=lambda: merged.set_result(stitch()), name="aisp-stitch", daemon=True).start()
         return merged
 
+    @property
+    def pipeline_depth(self) -> int:
+        """The serving model's ``handler.pipeline_depth`` (read at load and at each swap)."""
+        return self._depth
+
+    def device_uuid(self) -> str | None:
+        """``handler.device_uuid`` of the serving model: the device it really runs on
+        (``"GPU-..."``/``"MIG-..."``), None on the CPU."""
+        return self.handler.device_uuid(self._model)
+
     def infer_batch(self, examples: Sequence[Any]) -> list[Inferred | BaseException]:
-        """:meth:`submit_batch` and wait (blocking; for pandas/Arrow UDFs)."""
+        """:meth:`submit_batch` and wait (blocking; for pandas/Arrow UDFs).
+
+        With a pipelined model (:attr:`pipeline_depth` > 1) a batch of more than
+        ``SLICE_BATCHES x max_batch_size`` rows goes through :meth:`infer_batch_pipelined`
+        in slices of that size; otherwise in one :meth:`submit_batch` call.
+        """
+        slice_rows = SLICE_BATCHES * self.batching.max_batch_size
+        if self._depth > 1 and len(examples) > slice_rows:
+            return self.infer_batch_pipelined(examples, slice_rows)
         return self.submit_batch(examples).result()
+
+    def infer_batch_pipelined(
+        self, examples: Sequence[Any], slice_rows: int
+    ) -> list[Inferred | BaseException]:
+        """Submit ``examples`` as consecutive slices of ``slice_rows`` rows without waiting
+        between them, then wait for each in order: preparing slice k+1 on this thread
+        overlaps the model running slice k.
+
+        Args:
+            examples: ``n`` examples: a list, an Arrow array or a pandas Series.
+            slice_rows: Rows per slice (the last may be shorter).
+
+        Returns:
+            ``n`` outcomes in input order, as :meth:`submit_batch`'s; a slice that could
+            not be submitted (e.g. the runtime was released) fails its own rows only.
+
+        Raises:
+            ConfigError: ``slice_rows`` < 1.
+        """
+        if slice_rows < 1:
+            raise ConfigError(f"slice_rows must be >= 1, got {slice_rows}")
+        n = len(examples)
+        parts: list[tuple[int, Future[list[Inferred | BaseException]] | BaseException]] = []
+        for start in range(0, n, slice_rows):
+            size = min(slice_rows, n - start)
+            try:
+                parts.append((size, self.submit_batch(rows_of(examples, start, start + size))))
+            except Exception as exc:
+                parts.append((size, exc))
+        out: list[Inferred | BaseException] = []
+        for size, part in parts:
+            if isinstance(part, BaseException):
+                out.extend([part] * size)
+                continue
+            try:
+                out.extend(part.result())
+            except Exception as exc:
+                out.extend([exc] * size)
+        return out
 
     def _prepare_isolating(
         self, examples: Sequence[Any], start: int
@@ -275,14 +363,19 @@ class ModelRuntime:
             self.handler.release_model(stale[0])
 
     def _swap_in(self) -> tuple[Any, str]:
-        """Batching thread: swap in a ready model version; the model and version to run."""
+        """Batching thread: swap in a ready model version; the model and version to run.
+        An old model with batches in flight is released at their last collect."""
         ready = self._take_ready()
         if ready is not None:
             old, self._model = self._model, ready[0]
             previous, self.model_version = self.model_version, ready[1]
+            self._depth = pipeline_depth_of(self.handler, self._model, fallback=1)
             self._swap.swaps += 1
             _log.info("model swapped %s -> %s", previous[:12], self.model_version[:12])
-            self.handler.release_model(old)
+            if self._in_flight.get(id(old)):
+                self._retired[id(old)] = old
+            else:
+                self.handler.release_model(old)
         return self._model, self.model_version
 
     def _run_batch(self, examples: list[Any]) -> list[Inferred]:
@@ -294,6 +387,27 @@ class ModelRuntime:
         """Batching thread: one model batch of the batch path (``rows`` of ``prepared``)."""
         model, version = self._swap_in()
         return _tag(self.handler.run_prepared(prepared, rows, model), version)
+
+    def _launch_rows(self, prepared: Prepared, rows: npt.NDArray[np.intp]) -> _Launched:
+        """Batching thread: launch one model batch of the batch path on the serving model."""
+        model, version = self._swap_in()
+        handle = self.handler.launch_prepared(prepared, rows, model)
+        self._in_flight[id(model)] = self._in_flight.get(id(model), 0) + 1
+        return _Launched(handle, model, version)
+
+    def _collect_rows(self, launched: _Launched) -> list[Inferred]:
+        """Batching thread: collect a launched batch on the model that launched it, tagged
+        with its version; a retired model is released with its last batch."""
+        try:
+            return _tag(self.handler.collect_prepared(launched.handle, launched.model), launched.version)
+        finally:
+            key = id(launched.model)
+            self._in_flight[key] -= 1
+            if not self._in_flight[key]:
+                del self._in_flight[key]
+                retired = self._retired.pop(key, None)
+                if retired is not None:
+                    self.handler.release_model(retired)
 
     def _on_batch(self, report: BatchReport) -> None:
         self.batch_sizes.add(report.size)
@@ -327,6 +441,12 @@ class ModelRuntime:
             return
         except Exception as exc:  # a handler's own load error: refuse the version, keep serving
             self._fail(f"refused model {pointer.path} ({pointer.sha256[:12]}): {type(exc).__name__}: {exc}")
+            return
+        try:
+            pipeline_depth_of(self.handler, model)
+        except ConfigError as exc:  # refused before it could be swapped in
+            self.handler.release_model(model)
+            self._fail(f"refused model {pointer.path} ({pointer.sha256[:12]}): {exc}")
             return
         self._offer((model, pointer.sha256))
 

@@ -8,12 +8,17 @@ putting it into a job: it checks, in this order, what the operators rely on::
     model_version   a non-empty str
     device          a non-empty str ("cpu", "cuda:0", ...)
     load_model      returns without error
+    pipeline_depth  an int >= 1
+    device_uuid     None or a non-empty str
     example_tokens  an int >= 1 per example (bool refused)
     batch_byte_size an int >= 0
     output_count    run_inference returns exactly one output per input (len())
     input_unchanged run_inference leaves its input batch as it was
     order           the batch's output i equals the output of example i alone
     shuffle         a shuffled batch gives the same outputs, shuffled alike
+    pipelined       the batch prepared once (prepare_batch) and run as model batches of
+                    rows in reverse order, up to pipeline_depth launched (launch_prepared)
+                    before the oldest is collected (collect_prepared): the same outputs
     empty_batch     an empty batch returns an empty sequence
     release_model   returns without error
 
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Number
@@ -52,12 +58,15 @@ _CHECKS = (
     "model_version",
     "device",
     "load_model",
+    "pipeline_depth",
+    "device_uuid",
     "example_tokens",
     "batch_byte_size",
     "output_count",
     "input_unchanged",
     "order",
     "shuffle",
+    "pipelined",
     "empty_batch",
     "release_model",
 )
@@ -112,7 +121,8 @@ def check_model_handler(
     """Check that ``handler`` keeps the ModelHandler contract on ``examples``.
 
     Runs the model ``len(examples) + 3`` times (the batch, each example alone,
-    a shuffled batch, an empty batch). Pick examples whose outputs differ from
+    a shuffled batch, an empty batch), and once more through the batch path
+    (``prepare_batch``, ``launch_prepared``/``collect_prepared``). Pick examples whose outputs differ from
     each other, so that an order mistake shows.
 
     Args:
@@ -137,11 +147,17 @@ def check_model_handler(
     version = _non_empty_str(copy.model_version, "model_version")
     device = _non_empty_str(copy.device, "device")
     model = _call("load_model", copy.load_model)
+    depth = _pipeline_depth(copy, model)
+    uuid = _call("device_uuid", lambda: copy.device_uuid(model))
+    if uuid is not None and (not isinstance(uuid, str) or not uuid):
+        raise HandlerContractError("device_uuid", f"device_uuid() must return None or a non-empty str, "
+                                   f"got {uuid!r}")
     tokens = tuple(_example_tokens(copy, model, x, i) for i, x in enumerate(examples))
     _batch_byte_size(copy, examples)
     batch = _outputs(copy, model, list(examples), "output_count", "the batch")
     diff = _check_alone(copy, model, examples, batch, atol)
     diff = max(diff, _check_shuffled(copy, model, examples, batch, atol, seed))
+    diff = max(diff, _check_pipelined(copy, model, examples, batch, depth, atol))
     if len(_outputs(copy, model, [], "empty_batch", "an empty batch")) != 0:
         raise HandlerContractError("empty_batch", "an empty batch returned outputs")
     _call("release_model", lambda: copy.release_model(model))
@@ -251,6 +267,60 @@ def _check_shuffled(
             raise HandlerContractError(
                 "shuffle", f"example {j} at position {position} of a shuffled batch: {reason}"
             )
+        worst = max(worst, diff)
+    return worst
+
+
+def _pipeline_depth(handler: ModelHandler[Any, Any, Any], model: Any) -> int:
+    value = _call("pipeline_depth", lambda: handler.pipeline_depth(model))
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise HandlerContractError("pipeline_depth",
+                                   f"pipeline_depth() must return an int >= 1, got {value!r}")
+    return value
+
+
+def _check_pipelined(
+    handler: ModelHandler[Any, Any, Any],
+    model: Any,
+    examples: Sequence[Any],
+    batch: Sequence[Any],
+    depth: int,
+    atol: float,
+) -> float:
+    """The batch path as the batcher drives it: rows in reverse order, cut into ``max(2, depth)``
+    model batches (at most one per example), up to ``depth`` launched before the oldest is
+    collected; each output compared with the batch's."""
+    prepared = _call("pipelined", lambda: handler.prepare_batch(list(examples), model))
+    if len(prepared) != len(examples):
+        raise HandlerContractError("pipelined", f"prepare_batch returned {len(prepared)} rows for "
+                                   f"{len(examples)} examples")
+    order = np.arange(len(examples), dtype=np.intp)[::-1]
+    parts = [np.ascontiguousarray(p) for p in np.array_split(order, min(len(order), max(2, depth)))]
+    in_flight: deque[tuple[np.ndarray[Any, Any], Any]] = deque()
+    worst = 0.0
+    for rows in parts:
+        if len(in_flight) == depth:  # full: collect the oldest first, as the batcher does
+            worst = max(worst, _collect_checked(handler, model, in_flight.popleft(), batch, atol))
+        handle = _call("pipelined", lambda r=rows: handler.launch_prepared(prepared, r, model))
+        in_flight.append((rows, handle))
+    while in_flight:
+        worst = max(worst, _collect_checked(handler, model, in_flight.popleft(), batch, atol))
+    return worst
+
+
+def _collect_checked(handler: ModelHandler[Any, Any, Any], model: Any,
+                     launched: tuple[np.ndarray[Any, Any], Any], batch: Sequence[Any], atol: float) -> float:
+    rows, handle = launched
+    outputs = list(_call("pipelined", lambda: handler.collect_prepared(handle, model)))
+    if len(outputs) != len(rows):
+        raise HandlerContractError("pipelined", f"collect_prepared returned {len(outputs)} outputs for "
+                                   f"{len(rows)} rows")
+    worst = 0.0
+    for row, output in zip(rows.tolist(), outputs, strict=True):
+        diff, reason = _compare(batch[row], output, atol)
+        if reason is not None:
+            raise HandlerContractError("pipelined", f"example {row} through launch_prepared/collect_prepared"
+                                       f" (rows {rows.tolist()}) differs from the batch's output: {reason}")
         worst = max(worst, diff)
     return worst
 

@@ -15,7 +15,11 @@ call; the batcher cuts the model's real batches, sorted by length, within the
 batch size, token budget, buckets and OOM cap in force), and the outcomes are
 rendered by the handler's :class:`~pyflink_aisp.inference.Task` (its own output
 fields between ``id`` and ``model_sha256``). No per-record future, coroutine or
-token count. The worker lifecycle (lease, model, breaker, metrics, close) is the
+token count. With a pipelined model (a CUDA handler's ``pipeline_depth`` > 1) that
+call submits the Arrow batch as consecutive slices of two model batches without
+waiting between them, so tokenizing slice k+1 on this thread overlaps the device
+computing slice k; on the CPU (depth 1) it is one submitted batch. The worker
+lifecycle (lease, model, breaker, metrics, close) is the
 :class:`~pyflink_aisp.pipeline._shell.OperatorShell`'s.
 
 Records leave in their input order. A bundle ends after

@@ -10,7 +10,8 @@ reason STRING, detail STRING>``:
 * :class:`PandasSentimentFunction`, a vectorized (``func_type="pandas"``)
   ``ScalarFunction``: each Arrow batch (up to ``python.fn-execution.arrow.
   batch.size`` rows) goes to :meth:`ModelRuntime.infer_batch` at once (one
-  tokenizer call; the batcher cuts the model batches).
+  tokenizer call; the batcher cuts the model batches; with a pipelined model,
+  ``pipeline_depth`` > 1, in slices submitted without waiting between them).
 
 Both acquire the model in ``open()`` (one model and one batcher per Python
 worker, shared with every other operator of the worker that asks for the same

@@ -179,6 +179,43 @@ class DictOutputs(LengthHandler):
         return out
 
 
+class SharedBuffer(LengthHandler):
+    """Pipelined, but every launch writes its outputs into one buffer: a batch in flight is overwritten."""
+
+    def pipeline_depth(self, model: dict[str, float]) -> int:
+        return 2
+
+    def launch_prepared(self, prepared: Any, rows: Any, model: dict[str, float]) -> Any:
+        buffer: list[Any] = self.__dict__.setdefault("_buffer", [])
+        buffer[:] = self.run_inference([prepared.payload[i] for i in rows.tolist()], model)
+        return buffer
+
+
+class Pipelined(LengthHandler):
+    """Pipelined correctly: a launch returns its own outputs, collect hands them back."""
+
+    def pipeline_depth(self, model: dict[str, float]) -> int:
+        return 3
+
+    def launch_prepared(self, prepared: Any, rows: Any, model: dict[str, float]) -> Any:
+        return ("launched", list(self.run_inference([prepared.payload[i] for i in rows.tolist()], model)))
+
+    def collect_prepared(self, handle: Any, model: dict[str, float]) -> Sequence[Any]:
+        tag, outputs = handle
+        assert tag == "launched"
+        return outputs
+
+
+class ZeroDepth(LengthHandler):
+    def pipeline_depth(self, model: dict[str, float]) -> int:
+        return 0
+
+
+class EmptyUuid(LengthHandler):
+    def device_uuid(self, model: dict[str, float]) -> str | None:
+        return ""
+
+
 UNSORTED = ["bb", "a", "dddd", "ccc"]
 SORTED = sorted(UNSORTED)
 
@@ -200,6 +237,9 @@ SORTED = sorted(UNSORTED)
         (LoadFails(), UNSORTED, "load_model", "FileNotFoundError: /models/missing.onnx"),
         (ReleaseFails(), UNSORTED, "release_model", "RuntimeError: double free"),
         (DictOutputs(), UNSORTED, "order", "['label']: '???' != 'bb'"),
+        (SharedBuffer(), UNSORTED, "pipelined", "example 3 through launch_prepared/collect_prepared"),
+        (ZeroDepth(), UNSORTED, "pipeline_depth", "an int >= 1, got 0"),
+        (EmptyUuid(), UNSORTED, "device_uuid", "None or a non-empty str, got ''"),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, ModelHandler) else None,
 )
@@ -211,6 +251,11 @@ def test_broken_handler_fails_with_the_reason(
     assert info.value.check == check
     assert reason in info.value.reason, info.value.reason
     assert str(info.value).startswith(f"[{check}] ")
+
+
+def test_a_correctly_pipelined_handler_passes() -> None:
+    report = check_model_handler(Pipelined(), UNSORTED)
+    assert "pipelined" in report.checks and report.max_abs_diff == 0.0
 
 
 def test_correct_toy_handler_passes_and_tolerance_applies() -> None:
