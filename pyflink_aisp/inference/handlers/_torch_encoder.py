@@ -33,17 +33,34 @@ import numpy as np
 import numpy.typing as npt
 
 from pyflink_aisp.errors import ConfigError, ModelError
+from pyflink_aisp.inference._handler import Prepared
 from pyflink_aisp.inference.handlers._common import (
     MEAN_CLAMP,
     NORM_EPS,
+    Embedding,
     Pooling,
     TextEncoderHandler,
     TokenField,
     coerce_pooling,
     resolve_max_length,
 )
-from pyflink_aisp.inference.handlers._torch import _check_device, _import_torch, parse_torch_device
-from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizerConfig
+from pyflink_aisp.inference.handlers._torch_device import (
+    DeviceOps,
+    MaskMode,
+    TorchDeviceOptions,
+    attention_mask,
+    device_uuid_of,
+    empty_cache,
+    set_tf32,
+)
+from pyflink_aisp.inference.handlers._torch_load import (
+    check_device,
+    import_torch,
+    parse_torch_device,
+    verified_mask_mode,
+)
+from pyflink_aisp.inference.handlers._torch_runner import LaunchHandle, TorchDeviceHooks, make_runner
+from pyflink_aisp.tokenize import ArrowTokenizer, PaddedBatch, TokenizedBatch, TokenizerConfig
 
 __all__ = ["TorchEncoderHandler", "TorchEncoderModel"]
 
@@ -57,8 +74,12 @@ _LOAD_CHECK_TEXT = "A gripping, beautifully acted film."
 class TorchEncoderModel:
     """A HF encoder module on one device, its tokenizer and the pooling.
 
-    Thread-safety: :meth:`embed` may be called from several threads (eval
-    mode, no state changes), though one caller at a time uses the device best.
+    Forward passes go through :attr:`runner` (see :class:`~pyflink_aisp.inference.TorchSentimentModel`:
+    reused host buffers, few shapes, streams and events on CUDA, a 4-D attention mask where the
+    model reads it as the 2-D one, :attr:`mask_mode`).
+
+    Thread-safety: :meth:`embed` and :meth:`embed_rows` may be called from several threads;
+    :meth:`launch` / :meth:`collect` from one thread only (the runtime's batching thread).
 
     Attributes:
         module: The ``transformers`` ``PreTrainedModel`` (eval, fp32) on ``device``.
@@ -68,6 +89,13 @@ class TorchEncoderModel:
         output: Attribute of the model output that is pooled.
         pooling: The reduction.
         normalize: L2-normalise the pooled vectors.
+        options: Shapes, depth and TF32.
+        runner: The launch path.
+        mask_mode: How the attention mask is passed.
+        device_uuid: ``"GPU-..."`` / ``"MIG-..."`` of the CUDA device; None on the CPU.
+
+    Raises:
+        ModelError: The module's ``forward`` takes no ``input_ids``.
     """
 
     def __init__(
@@ -79,9 +107,13 @@ class TorchEncoderModel:
         output: str,
         pooling: Pooling,
         normalize: bool,
+        options: TorchDeviceOptions | None = None,
+        ops: DeviceOps | None = None,
+        batch_size: int = 64,
     ) -> None:
         import torch
 
+        self._torch: Any = torch
         self.module: Any = module
         self.tokenizer = tokenizer
         self.device = device
@@ -92,7 +124,15 @@ class TorchEncoderModel:
         self.fields = tuple(f for f in TokenField if f.value in accepted)
         if TokenField.INPUT_IDS not in self.fields:
             raise ModelError(f"{type(module).__name__}.forward takes no input_ids")
+        self.options = options if options is not None else TorchDeviceOptions(device=device)
+        self._tf32 = self.options.tf32 if self.options.is_cuda else None
         self._torch_device = torch.device(device)
+        self.mask_mode: MaskMode = (
+            verified_mask_mode(torch, module, tokenizer, self._torch_device, self._output_of)
+            if TokenField.ATTENTION_MASK in self.fields else MaskMode.PADDING_2D)
+        self.runner = make_runner(self._forward, options=self.options, ops=ops, tokenizer=tokenizer,
+                                  batch_size=batch_size)
+        self.device_uuid = device_uuid_of(torch, device)
 
     def embed(self, padded: PaddedBatch) -> npt.NDArray[np.float32]:
         """One forward pass on a padded batch, pooled on the device.
@@ -107,30 +147,73 @@ class TorchEncoderModel:
             ModelError: The model was released, lacks ``output``, or the output's
                 rank does not fit the pooling.
         """
-        import torch
+        torch = self._torch
+        self._check_loaded()
+        with torch.inference_mode():
+            ids, mask, types = (torch.from_numpy(a).to(self._torch_device) for a in
+                                (padded.input_ids, padded.attention_mask, padded.token_type_ids))
+            (pooled,) = self._forward(ids, mask, types)
+            return np.asarray(pooled.cpu().numpy())  # .cpu() waits for the device
 
+    def embed_rows(self, tokens: TokenizedBatch, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.float32]:
+        """``(k, dim)`` float32 vectors of ``rows`` of ``tokens`` (one model batch), in rows order.
+
+        Raises:
+            ModelError: As :meth:`embed`.
+        """
+        return self.collect(self.launch(tokens, rows))
+
+    def launch(self, tokens: TokenizedBatch, rows: npt.NDArray[np.intp]) -> LaunchHandle | None:
+        """Start embedding ``rows`` without waiting for the device (None: no rows).
+
+        Raises:
+            ModelError: As :meth:`embed`.
+            InferenceError: More batches in flight than the pipeline depth allows.
+        """
+        self._check_loaded()
+        return self.runner.launch(tokens, rows) if len(rows) else None
+
+    def collect(self, handle: LaunchHandle | None) -> npt.NDArray[np.float32]:
+        """Wait for a :meth:`launch`: ``(k, dim)`` float32 (``(0, 0)`` for no rows)."""
+        if handle is None:
+            return np.empty((0, 0), dtype=np.float32)
+        (vectors,) = self.runner.collect(handle)
+        return vectors
+
+    def _check_loaded(self) -> None:
         if self.module is None:
             raise ModelError("TorchEncoderModel used after release_model()")
-        arrays = padded.model_inputs()
-        with torch.inference_mode():
-            inputs = {f.value: torch.from_numpy(arrays[f.value]).to(self._torch_device) for f in self.fields}
-            result = self.module(**inputs)
-            hidden = getattr(result, self.output, None)
-            if hidden is None:
-                raise ModelError(f"{type(self.module).__name__} output has no {self.output!r}")
-            mask = torch.from_numpy(padded.attention_mask).to(self._torch_device)
-            pooled = _pool(torch, hidden, mask, self.pooling, self.normalize, self.output)
-            return pooled.cpu().numpy()  # .cpu() waits for the device
+
+    def _output_of(self, ids: Any, mask: Any, types: Any) -> Any:
+        """The module's ``output`` (None where it has none) for device inputs; ``mask`` as passed."""
+        if self.module is None:
+            raise ModelError("TorchEncoderModel used after release_model()")
+        if self._tf32 is not None:  # process-wide flags: set for this model's pass
+            set_tf32(self._torch, self._tf32)
+        inputs = {TokenField.INPUT_IDS.value: ids}
+        if TokenField.ATTENTION_MASK in self.fields:
+            inputs[TokenField.ATTENTION_MASK.value] = mask
+        if TokenField.TOKEN_TYPE_IDS in self.fields:
+            inputs[TokenField.TOKEN_TYPE_IDS.value] = types
+        return getattr(self.module(**inputs), self.output, None)
+
+    def _forward(self, ids: Any, mask: Any, types: Any) -> tuple[Any]:
+        """``(batch, seq_len)`` int64 device inputs → ``((batch, dim) float32,)`` on the device."""
+        hidden = self._output_of(ids, attention_mask(self._torch, self.mask_mode, mask), types)
+        if hidden is None:
+            raise ModelError(f"{type(self.module).__name__} output has no {self.output!r}")
+        return (_pool(self._torch, hidden, mask, self.pooling, self.normalize, self.output),)
+
+    def empty_cache(self) -> None:
+        """Return the CUDA caching allocator's free blocks to the driver (nothing on the CPU)."""
+        empty_cache(self._torch, self.device)
 
     def close(self) -> None:
-        """Drop the module and, on CUDA, return cached blocks to the driver."""
-        import torch
-
+        """Drop the module and buffers and, on CUDA, return cached blocks to the driver."""
         self.module = None
+        self.runner.close()
         gc.collect()
-        if self.device.startswith("cuda") and torch.cuda.is_available():
-            with torch.cuda.device(self._torch_device):
-                torch.cuda.empty_cache()
+        self.empty_cache()
 
 
 def _pool(torch: Any, hidden: Any, mask: Any, pooling: Pooling, normalize: bool, name: str) -> Any:
@@ -172,15 +255,18 @@ def _load_module(torch: Any, model_dir: Path, device: str) -> Any:
     return module.eval().float().to(torch.device(device))
 
 
-class TorchEncoderHandler(TextEncoderHandler[TorchEncoderModel]):
+class TorchEncoderHandler(TorchDeviceHooks, TextEncoderHandler[TorchEncoderModel]):
     """Embeds texts with a HF encoder checkpoint (safetensors) in PyTorch.
 
     Predictions are ``(dim,)`` float32 vectors (see :class:`Pooling`). The model
     version is the sha256 of a text holding the sha256 of ``config.json``, of
     every ``*.safetensors`` file of ``model_dir`` and of the ``tokenizer.json``,
     and the options that change outputs (``output``, ``pooling``,
-    ``normalize``, ``max_length``); computed from the files on first use and
-    re-checked by :meth:`load_model`. Hot swap is not supported.
+    ``normalize``, ``max_length``, ``tf32`` when set); computed from the files on first
+    use and re-checked by :meth:`load_model`. Hot swap is not supported.
+
+    The batch path is pipelined on CUDA (:meth:`launch_prepared` / :meth:`collect_prepared`)
+    and runs in few shapes, as :class:`~pyflink_aisp.inference.TorchSentimentHandler`.
 
     Args:
         model_dir: Directory with ``config.json`` and ``*.safetensors``.
@@ -194,9 +280,22 @@ class TorchEncoderHandler(TextEncoderHandler[TorchEncoderModel]):
         device: ``"cpu"``, ``"cuda"`` (= ``"cuda:0"``) or ``"cuda:N"``.
         intra_op_num_threads: ``torch.set_num_threads`` at load (process-wide).
             None: torch's default.
+        batch_size: Rows per forward pass on CUDA (the largest default batch bucket; a model
+            batch of more rows runs as several passes); unused on the CPU unless
+            ``batch_size_buckets`` are given.
+        pad_to_multiple_of: Padded sequence lengths are a multiple of this (None: 16 on CUDA,
+            the longest row on the CPU).
+        batch_size_buckets: Batch dimensions of forward passes, ascending (``()``: powers of two
+            from 8 to ``batch_size`` on CUDA, exactly the rows on the CPU).
+        tf32: TF32 float32 matmuls on CUDA (part of the model version); refused on the CPU.
+        memory_limit_bytes: Cap of this process's CUDA allocator on the device, set at load;
+            refused on the CPU.
+        pipeline_depth: Model batches in flight (None: 2 on CUDA, 1 on the CPU).
+        device_ops: The device operations (None: the device's own); for tests and other devices.
 
     Raises:
-        ConfigError: Bad ``device``, pooling name, ``max_length``, thread count or ``output``.
+        ConfigError: Bad ``device``, pooling name, ``max_length``, thread count, ``output``,
+            ``batch_size`` or device option.
     """
 
     def __init__(
@@ -210,10 +309,19 @@ class TorchEncoderHandler(TextEncoderHandler[TorchEncoderModel]):
         max_length: int | None = None,
         device: str = "cpu",
         intra_op_num_threads: int | None = None,
+        batch_size: int = 64,
+        pad_to_multiple_of: int | None = None,
+        batch_size_buckets: tuple[int, ...] = (),
+        tf32: bool = False,
+        memory_limit_bytes: int | None = None,
+        pipeline_depth: int | None = None,
+        device_ops: DeviceOps | None = None,
     ) -> None:
         super().__init__(max_length=max_length, intra_op_num_threads=intra_op_num_threads)
         if not isinstance(output, str) or not output.isidentifier():
             raise ConfigError(f"output must be an attribute name of the model output, got {output!r}")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self._model_dir = Path(model_dir)
         self._tokenizer_path = (
             Path(tokenizer_path) if tokenizer_path is not None else self._model_dir / _TOKENIZER_FILE
@@ -224,6 +332,11 @@ class TorchEncoderHandler(TextEncoderHandler[TorchEncoderModel]):
         self._max_length = max_length
         self._device = parse_torch_device(device)
         self._threads = intra_op_num_threads
+        self._batch_size = batch_size
+        self._options = TorchDeviceOptions(
+            device=self._device, pad_to_multiple_of=pad_to_multiple_of, batch_size_buckets=batch_size_buckets,
+            tf32=tf32, memory_limit_bytes=memory_limit_bytes, pipeline_depth=pipeline_depth)
+        self._ops = device_ops
 
     def _version_inputs(self) -> tuple[str, list[Path], dict[str, str]]:
         weights = sorted(self._model_dir.glob("*.safetensors")) if self._model_dir.is_dir() else []
@@ -235,20 +348,24 @@ class TorchEncoderHandler(TextEncoderHandler[TorchEncoderModel]):
             "normalize": str(self._normalize),
             "max_length": str(self._max_length or "auto"),
         }
+        options.update(self._options.version_options())
         return _VERSION_TAG, [self._model_dir / _CONFIG_FILE, *weights, self._tokenizer_path], options
 
     def load_model(self) -> TorchEncoderModel:
-        """Check the device and files, load the checkpoint on the device, check one text.
+        """Check the device and files, apply the device options, load the checkpoint on the
+        device, check one text.
 
         Raises:
             ModelError: torch/transformers are missing, the CUDA device is
                 unavailable, a file is missing or does not load, or the model's
                 output lacks ``output`` or does not fit ``pooling`` (checked on
                 one text).
+            ConfigError: ``memory_limit_bytes`` exceeds the device's memory.
             ChecksumError: The files changed since :meth:`model_version` was taken.
         """
-        torch = _import_torch()
-        _check_device(torch, self._device)
+        torch = import_torch()
+        check_device(torch, self._device)
+        self._options.apply(torch)
         if self._threads is not None:
             torch.set_num_threads(self._threads)
         self._check_version()
@@ -264,14 +381,45 @@ class TorchEncoderHandler(TextEncoderHandler[TorchEncoderModel]):
             output=self._output,
             pooling=self._pooling,
             normalize=self._normalize,
+            options=self._options,
+            ops=self._ops,
+            batch_size=self._batch_size,
         )
         self.run_inference([_LOAD_CHECK_TEXT], model)  # raises ModelError for a wrong output/pooling
         return model
+
+    def run_prepared(
+        self, prepared: Prepared, rows: npt.NDArray[np.intp], model: TorchEncoderModel
+    ) -> list[Embedding]:
+        """Embed ``rows`` of the tokenized batch as one model batch: ``k`` ``(dim,)`` float32
+        vectors in rows order."""
+        return self.collect_prepared(self.launch_prepared(prepared, rows, model), model)
+
+    def launch_prepared(
+        self, prepared: Prepared, rows: npt.NDArray[np.intp], model: TorchEncoderModel
+    ) -> LaunchHandle | None:
+        """Pad, copy and enqueue ``rows``; returns before the device is done.
+
+        Thread-safety: the batching thread only (as :meth:`collect_prepared`).
+
+        Raises:
+            ModelError: The model was released.
+            InferenceError: More than ``pipeline_depth + 1`` batches in flight.
+        """
+        return model.launch(prepared.payload, rows)
+
+    def collect_prepared(self, handle: LaunchHandle | None, model: TorchEncoderModel) -> list[Embedding]:
+        """Wait for a launched batch: its ``k`` ``(dim,)`` float32 vectors in rows order.
+
+        Raises:
+            ModelError: The model's output lacks ``output`` or does not fit the pooling.
+        """
+        return list(model.collect(handle))
 
     def device(self) -> str:
         """The device the model runs on: ``"cpu"`` or ``"cuda:N"``."""
         return self._device
 
     def release_model(self, model: TorchEncoderModel) -> None:
-        """Drop the module; on CUDA also ``torch.cuda.empty_cache()``."""
+        """Drop the module and buffers; on CUDA also ``torch.cuda.empty_cache()``."""
         model.close()
