@@ -57,6 +57,7 @@ __all__ = [
     "AffinitySettings",
     "WorkerAffinity",
     "apply_lease",
+    "check_lease_device",
     "local_lease",
     "open_affinity",
     "operator_key",
@@ -269,6 +270,54 @@ def apply_lease(lease: Lease) -> None:
         # under the lock: two subtasks' pins must land in the order of their states (a late
         # pin to an older union left a loopback client process on one CPU after both closed)
         _pin_threads(pinned)
+
+
+def _uuid_body(uuid: str) -> str:
+    """A device UUID without its ``GPU-`` / ``MIG-`` prefixes, lower case (NVML writes
+    ``GPU-8c2f...``, a MIG instance ``MIG-...``, older drivers ``MIG-GPU-.../gi/ci``)."""
+    body = uuid.strip().lower()
+    while body.startswith(("gpu-", "mig-")):
+        body = body[4:]
+    return body
+
+
+def check_lease_device(lease: Lease, device_uuid: str | None) -> None:
+    """Refuse a model that does not run on the device its lease holds.
+
+    ``CUDA_VISIBLE_DEVICES`` only takes effect before CUDA initialises in the process: in
+    a MiniCluster run the client process (where the Python functions run) may have called
+    ``torch.cuda.is_available()`` already, and then every GPU stays visible and the
+    model's ``cuda:0`` is not the leased device. The loaded model's device UUID
+    (``ModelHandler.device_uuid``) is compared with the lease's: the GPU's UUID, or for a
+    MIG lease the MIG instance's. PyFlink-free (``bench/gpu_check.py`` calls it on the
+    GPU host).
+
+    Args:
+        lease: The applied lease.
+        device_uuid: The UUID of the device the model runs on (``GPU-...`` / ``MIG-...``;
+            compared without those prefixes, case-insensitively); None for a model on the
+            CPU, which passes (a CPU model holds no device).
+
+    Raises:
+        AffinityError: The model runs on another GPU than the lease's, or on a GPU while
+            the lease holds none (a CPU lease); the message names both.
+    """
+    if device_uuid is None:
+        return
+    if lease.kind is not LeaseKind.GPU:
+        raise AffinityError(
+            f"lease {lease.id} holds no GPU ({lease.device}), but the model runs on GPU {device_uuid}: "
+            "CUDA was initialised in this worker before the lease applied, so CUDA_VISIBLE_DEVICES='' "
+            "did not hide the GPUs"
+        )
+    if _uuid_body(device_uuid) != _uuid_body(lease.device):
+        raise AffinityError(
+            f"lease {lease.id} holds {'MIG instance' if lease.mig else 'GPU'} {lease.device}, but the model "
+            f"runs on {device_uuid}: CUDA was initialised in this worker before the lease applied (e.g. "
+            "torch.cuda.is_available() in a MiniCluster's client process), so "
+            f"CUDA_VISIBLE_DEVICES={lease.cuda_visible_devices} did not take effect; run the job on a "
+            "cluster, or do not touch CUDA in the client before it submits"
+        )
 
 
 def unapply_lease(lease_id: str) -> None:

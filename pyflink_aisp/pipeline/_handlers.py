@@ -27,7 +27,8 @@ from pyflink_aisp.pipeline._config import InferenceOptions
 from pyflink_aisp.pipeline._options import GpuProvider, InferenceRuntime
 from pyflink_aisp.pipeline._remote_options import RemoteApi
 
-__all__ = ["handler_for", "model_assets", "onnx_providers", "remote_handler", "user_handler"]
+__all__ = ["handler_for", "model_assets", "onnx_providers", "remote_handler", "torch_device_kwargs",
+           "user_handler"]
 
 
 def model_assets(options: InferenceOptions) -> Any:
@@ -119,6 +120,24 @@ def remote_handler(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
         json_schema=options.json_schema_value(), **endpoint)
 
 
+def torch_device_kwargs(options: InferenceOptions) -> dict[str, Any]:
+    """The torch handlers' batch size and device-path arguments from the options.
+
+    ``batch_size`` is ``max_batch_size`` (the device's batch-size buckets reach it);
+    ``pad_to_multiple_of``, ``batch_size_buckets`` and ``pipeline_depth`` are passed as
+    given (None / () : the handler's device default); ``tf32`` as given; and with
+    ``--gpu-affinity`` on a CUDA device, ``memory_limit_bytes`` is the lease's
+    ``--gpu-mem-mib`` (the handler caps the process's CUDA allocator there, so the
+    memory the service reserved is the memory the worker may use; None without a lease
+    or with 0 MiB).
+    """
+    leased = options.gpu_affinity is not None and options.device.is_gpu and options.gpu_mem_mib > 0
+    return {"batch_size": int(options.max_batch_size), "pad_to_multiple_of": options.pad_to_multiple_of,
+            "batch_size_buckets": options.batch_size_buckets, "tf32": options.tf32,
+            "pipeline_depth": options.pipeline_depth,
+            "memory_limit_bytes": options.gpu_mem_mib * 2**20 if leased else None}
+
+
 def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
     """The handler the options name: the sentiment model on ONNX Runtime or PyTorch
     (``runtime``) on ``device``, the generic ONNX encoder of ``encoder_onnx`` +
@@ -151,6 +170,7 @@ def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
                                      intra_op_num_threads=threads, providers=providers, device_id=device_id)
     if options.runtime is InferenceRuntime.TORCH:
         return TorchSentimentHandler(model_assets(options), device=options.resolved_device,
-                                     intra_op_num_threads=threads, precision=options.precision.value)
+                                     intra_op_num_threads=threads, precision=options.precision.value,
+                                     **torch_device_kwargs(options))
     return SentimentHandler(model_assets(options), intra_op_num_threads=threads, providers=providers,
                             device_id=device_id, allow_spinning=options.effective_spin_wait)

@@ -17,6 +17,14 @@ PyFlink settings.
 ``none`` as a job parameter, or as the value of a flag whose option is
 ``nullable``, turns an optional knob off (an empty job parameter counts as
 unset). Errors name the flag or parameter.
+
+A *device-aware* option (``opt(..., cuda=(value, why))``: the batch size, the token
+budget, the Arrow batch size) has one default on the CPU and another on a CUDA
+device. Left unset (None), it takes its device's default as a :class:`Derived` int,
+which stays recognisable as "not given": :func:`dataclasses.replace` onto another
+device derives it again, and it is not written as a job parameter (the worker
+derives it from ``aisp.device``). A value given in code, by a flag or by a job
+parameter always wins.
 """
 
 from __future__ import annotations
@@ -34,8 +42,9 @@ from typing import Any
 from pyflink_aisp.device import Device
 from pyflink_aisp.errors import ConfigError
 
-__all__ = ["GpuProvider", "InferenceRuntime", "Option", "OptionGroup", "Precision", "Runner", "RuntimeMode",
-           "opt", "options_markdown", "options_of", "read_job_parameters", "render_job_parameter", "required"]
+__all__ = ["Derived", "GpuProvider", "InferenceRuntime", "Option", "OptionGroup", "Precision", "Runner",
+           "RuntimeMode", "device_value", "opt", "options_markdown", "options_of", "read_job_parameters",
+           "render_job_parameter", "required"]
 
 
 class OptionGroup(enum.StrEnum):
@@ -96,6 +105,23 @@ class GpuProvider(enum.StrEnum):
     TENSORRT = "tensorrt"  # TensorrtExecutionProvider, CUDA for the nodes TensorRT does not take
 
 
+class Derived(int):
+    """An int option's value that was not given but derived from the device
+    (:func:`device_value`): equal to, and used as, the int; told apart from a given value
+    by its type only, so that rebuilding the options for another device derives it again.
+
+    Thread-safety: immutable.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Derived({int(self)})"
+
+    def __str__(self) -> str:  # what settings and messages show: the number
+        return int.__repr__(self)
+
+
 def _finite(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
@@ -148,6 +174,11 @@ class Option:
         nullable: ``none`` turns it off.
         minimum: Smallest accepted number (inclusive), or None.
         required: The job needs it (no default).
+        choices: For an enum: the members accepted, when not all are (empty: all).
+        cuda_default: The default on a CUDA device, where ``device_aware`` (``default``
+            is then the CPU's).
+        cuda_why: Why the CUDA default differs (the options page shows it); "" for an
+            option whose default does not depend on the device.
     """
 
     name: str
@@ -161,6 +192,18 @@ class Option:
     minimum: float | None = None
     required: bool = False
     choices: tuple[Any, ...] = ()
+    cuda_default: Any = None
+    cuda_why: str = ""
+
+    @property
+    def device_aware(self) -> bool:
+        """Whether the default depends on the device (see the module docstring)."""
+        return bool(self.cuda_why)
+
+    def default_for(self, device: Device) -> Any:
+        """The default on ``device``: ``cuda_default`` on a CUDA device where device-aware,
+        else ``default``."""
+        return self.cuda_default if self.device_aware and device.is_gpu else self.default
 
     @property
     def flag(self) -> str:
@@ -219,18 +262,25 @@ class Option:
             raise ConfigError(f"{where or self.flag} must be <= {JAVA_INT_MAX} (a Java int), got {value!r}")
 
     def render_default(self) -> str:
-        """The default as the options page and ``--help`` show it."""
+        """The default as the options page and ``--help`` show it (``32; cuda: 1024`` where
+        device-aware)."""
         if self.required:
             return "required"
-        if self.default is None:
-            return "none"
-        if isinstance(self.default, tuple):
-            return ",".join(map(str, self.default)) or "none"
-        if isinstance(self.default, enum.Enum):
-            return str(self.default.value)
-        if isinstance(self.default, Device):
-            return str(self.default)
-        return str(self.default).lower() if isinstance(self.default, bool) else str(self.default)
+        if self.device_aware:
+            return f"{_render_value(self.default)}; cuda: {_render_value(self.cuda_default)}"
+        return _render_value(self.default)
+
+
+def _render_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "none"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, Device):
+        return str(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 #: Largest integer option: Flink reads the settings derived from them as Java ints.
@@ -241,7 +291,8 @@ _SPEC = "aisp.option"
 
 
 def opt(default: Any, group: OptionGroup, doc: str, *, unit: str = "", job_param: str | None = None,
-        nullable: bool = False, minimum: float | None = None, choices: tuple[Any, ...] = ()) -> Any:
+        nullable: bool = False, minimum: float | None = None, choices: tuple[Any, ...] = (),
+        cuda: tuple[Any, str] | None = None) -> Any:
     """Declare an option field: ``max_batch_size: int = opt(32, B, "Most records per model call.", ...)``.
 
     Args:
@@ -253,13 +304,19 @@ def opt(default: Any, group: OptionGroup, doc: str, *, unit: str = "", job_param
         nullable: ``none`` turns it off.
         minimum: Smallest accepted number (inclusive), or None.
         choices: For an enum: the members accepted, when not all are (empty: all).
+        cuda: ``(default on a CUDA device, why)``: a device-aware option, whose ``default``
+            is the CPU's; the field's own default is then None ("not given", see
+            :func:`device_value`).
 
     Returns:
         A :func:`dataclasses.field` (typed ``Any`` so that the annotation stays the field's type).
     """
     spec = {"group": group, "doc": doc, "unit": unit, "job_param": job_param, "nullable": nullable,
             "minimum": minimum, "required": False, "choices": choices}
-    return dataclasses.field(default=default, metadata={_SPEC: spec})
+    if cuda is None:
+        return dataclasses.field(default=default, metadata={_SPEC: spec})
+    spec.update(cpu_default=default, cuda_default=cuda[0], cuda_why=cuda[1])
+    return dataclasses.field(default=None, metadata={_SPEC: spec})
 
 
 def required(group: OptionGroup, doc: str) -> Any:
@@ -307,11 +364,28 @@ def options_of(cls: type) -> tuple[Option, ...]:
         spec = field.metadata.get(_SPEC)
         if spec is None:
             raise TypeError(f"{cls.__name__}.{field.name} is not declared with opt() or required()")
+        spec = dict(spec)
         default = None if field.default is dataclasses.MISSING else field.default
+        default = spec.pop("cpu_default", default)
         rows.append(Option(name=field.name, kind=_kind(hints[field.name]), default=default, **spec))
     table = tuple(sorted(rows, key=lambda o: _GROUP_ORDER.index(o.group)))
     _OPTIONS_OF[cls] = table
     return table
+
+
+def device_value(option: Option, value: Any, device: Device) -> Any:
+    """The value of an option on ``device``: ``value`` where it was given, else (None, or
+    :class:`Derived` from another device) the device's default, an int as :class:`Derived`.
+
+    Args:
+        option: The option (not device-aware: ``value`` is returned as it is).
+        value: The field's value.
+        device: Where the model runs.
+    """
+    if not option.device_aware or (value is not None and not isinstance(value, Derived)):
+        return value
+    chosen = option.default_for(device)
+    return Derived(chosen) if isinstance(chosen, int) and not isinstance(chosen, bool) else chosen
 
 
 def read_job_parameters(options: Iterable[Option], get: Callable[[str, str], str]) -> dict[str, Any]:
@@ -354,6 +428,7 @@ def options_markdown(options: Iterable[Option]) -> str:
     lines = ["| flag | job parameter | default | unit | what |", "|---|---|---|---|---|"]
     for opt in options:
         param = f"`{opt.job_param}`" if opt.job_param else ""
+        doc = opt.doc + (f" On cuda: {opt.cuda_why}" if opt.device_aware else "")
         lines.append(f"| `{opt.flag}` | {param} | {opt.render_default()} | {opt.unit} | "
-                     f"{opt.doc.replace('|', '/')} |")
+                     f"{doc.replace('|', '/')} |")
     return "\n".join(lines)

@@ -11,7 +11,10 @@ functions of :mod:`pyflink_aisp.pipeline.sql`) lives the same way, owned by an
        CUDA starts in the model load);
     2. the worker's shared model (:meth:`ModelRuntime.acquire
        <pyflink_aisp.inference.ModelRuntime.acquire>` under the handler's
-       :func:`~pyflink_aisp.inference.handler_key`, taken where the handler was built);
+       :func:`~pyflink_aisp.inference.handler_key`, taken where the handler was built),
+       then, with a lease, the device the model actually runs on checked against the
+       lease's (:func:`~pyflink_aisp.affinity.check_lease_device`: a model on another GPU,
+       because CUDA started in the process before the lease applied, is refused);
     3. the circuit breaker (:class:`~pyflink_aisp.inference.FailureRateBreaker`) and the
        dead-letter watch (:class:`~pyflink_aisp.pipeline._watch.DeadLetterWatch`);
     4. the metrics (operator group ``aisp``): the operator's counters as gauges,
@@ -37,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyflink_aisp.affinity import AffinitySettings, WorkerAffinity, open_affinity
+from pyflink_aisp.affinity import AffinitySettings, WorkerAffinity, check_lease_device, open_affinity
 from pyflink_aisp.errors import ConfigError, OperatorNotOpenError
 from pyflink_aisp.inference import (
     BatchingConfig,
@@ -158,7 +161,8 @@ class OperatorShell:
 
         Raises:
             ConfigError: No spec.
-            AffinityError: ``affinity`` is set and no lease could be taken or applied.
+            AffinityError: ``affinity`` is set and no lease could be taken or applied, or the
+                model runs on another device than the lease's (what was taken is released).
             ModelError: The model cannot be loaded.
         """
         spec = spec or self.spec
@@ -171,6 +175,9 @@ class OperatorShell:
         try:
             runtime = self.runtime = ModelRuntime.acquire(spec.handler, spec.batching, swap=spec.swap,
                                                           key=spec.key or None)
+            device_uuid = runtime.device_uuid()  # None: a model on the CPU holds no device
+            if self.affinity is not None and device_uuid is not None:  # the lease's device, or refused
+                check_lease_device(self.affinity.lease, device_uuid)
             self.breaker = None if spec.breaker is None else FailureRateBreaker(spec.breaker)
             self.watch = DeadLetterWatch(spec.dead_letters)
             self._bind_metrics(_metric_group(context))

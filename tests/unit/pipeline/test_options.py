@@ -73,7 +73,9 @@ def test_each_option_is_declared_once_as_a_field_and_the_table_is_read_from_the_
     for opt in OPTIONS:
         field = job_fields[opt.name]
         assert field.metadata["aisp.option"]["doc"] == opt.doc  # the row is the field's declaration
-        assert opt.default == (None if opt.required else field.default), opt.name
+        # a device-aware field defaults to None ("not given"); its row shows the CPU's default
+        default = field.metadata["aisp.option"].get("cpu_default", field.default)
+        assert opt.default == (None if opt.required else default), opt.name
         hint = hints[opt.name]
         assert opt.kind is tuple or opt.kind is hint or opt.kind in typing.get_args(hint), opt.name
     # the groups are in order (job, batching, model, worker), each in field order
@@ -200,13 +202,15 @@ def test_every_job_parameter_round_trips(tmp_path: Path) -> None:
     params = options.job_parameters()
     # they exclude the encoder: below (each names the model; unset paths are left out)
     classifier = ("classifier", "top_k", "predictor", "handler", "handler_args")
+    torch = ("tf32", "pad_to_multiple_of", "batch_size_buckets", "pipeline_depth")  # test_device_defaults
     remote = tuple(o.name for o in OPTIONS if o.name.startswith("remote_")  # below, with their model
                    or o.name in GENERATION_OPTION_NAMES)
     unset_paths = ("classifier", "predictor", "remote_api_key_file", "remote_ca_file")
     assert set(params) == {o.job_param for o in OPTIONS
                            if o.job_param is not None and o.name not in unset_paths}
     for opt in OPTIONS:  # every job parameter differs from its default here, so each is exercised
-        if opt.job_param is not None and opt.name not in ("runtime", "precision", *classifier, *remote):
+        if opt.job_param is not None and opt.name not in ("runtime", "precision", *classifier, *remote,
+                                                          *torch):
             assert getattr(options, opt.name) != opt.default, opt.name
     assert all(isinstance(v, str) for v in params.values())
     assert InferenceOptions.from_job_parameters(get_from(params)) == options
@@ -321,12 +325,11 @@ def test_the_runtime_job_parameter_round_trips() -> None:
 
 def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
     params = InferenceOptions().job_parameters()
-    assert params == {
-        "aisp.batch.max-size": "32",
+    assert params == {  # the batch size and token budget are the device's: not written, derived by the reader
         "aisp.batch.max-wait-ms": "5.0",
         "aisp.batch.max-idle-ms": "2.0",
-        "aisp.batch.max-tokens": "none",
         "aisp.batch.cuts": "cost",
+        "aisp.batch.pipeline-depth": "none",
         "aisp.batch.length-buckets": "none",
         "aisp.latency-slo-ms": "none",
         "aisp.breaker.max-failure-rate": "0.5",
@@ -335,6 +338,9 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.device": "cpu",
         "aisp.precision": "fp32",
         "aisp.onnx.provider": "cuda",
+        "aisp.torch.tf32": "false",
+        "aisp.torch.pad-to-multiple-of": "none",
+        "aisp.torch.batch-size-buckets": "none",
         "aisp.gpu-affinity": "none",
         "aisp.gpu-affinity.policy": "fail",
         "aisp.gpu-affinity.mem-mib": "1024",
@@ -567,7 +573,8 @@ def test_help_lists_every_flag_with_unit_and_default(capsys) -> None:  # type: i
     out = " ".join(capsys.readouterr().out.split())
     for opt in OPTIONS:
         assert opt.flag in out, opt.flag
-    assert "[records, default 32]" in out and "[ms, default 5.0]" in out and "[ms, default none]" in out
+    assert "[records, default 32; cuda: 1024]" in out
+    assert "[ms, default 5.0]" in out and "[ms, default none]" in out
 
 
 # -- (d) PyFlink settings -----------------------------------------------------------------

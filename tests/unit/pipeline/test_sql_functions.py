@@ -204,10 +204,13 @@ def test_configure_table_env_sets_settings_and_job_parameters(tmp_path: Path) ->
 
 
 def test_configure_table_env_options_win_over_extra_parameters() -> None:
-    t_env = _TableEnv()
     extra = {"aisp.batch.max-size": "9"}
-    settings = configure_table_env(t_env, InferenceOptions(), extra_job_parameters=extra)
+    given = InferenceOptions(max_batch_size=32)
+    settings = configure_table_env(_TableEnv(), given, extra_job_parameters=extra)
     assert json.loads(settings["pipeline.global-job-parameters"])["aisp.batch.max-size"] == "32"
+    # a batch size the device chose was not given: the extra parameter stands
+    settings = configure_table_env(_TableEnv(), InferenceOptions(), extra_job_parameters=extra)
+    assert json.loads(settings["pipeline.global-job-parameters"])["aisp.batch.max-size"] == "9"
 
 
 # -- the functions with a stand-in runtime ----------------------------------------------
