@@ -1,270 +1,263 @@
-"""GPU check: the sentiment model on CUDA (ONNX Runtime + IO binding, PyTorch) beside the CPU.
+"""GPU check of issue 23: the sentiment model's device path on a lent GPU host, from a ≤ 60 MiB bundle.
 
-Not a test. Called by ``bench/gpu_check.sh`` (see it for what the host needs).
-On the same real texts (Rotten Tomatoes snippets, in file order) it times
-``run_inference`` of the handlers the Flink operator uses, at each batch size
-``B`` of ``--batch-sizes``: the texts go in chunks of ``B`` (one operator
-batch each) and the model's sub-batch size is ``B`` as well, so a chunk is one
-length-sorted forward pass padded to its longest text. Backends:
+Not a test; called by ``bench/gpu_check.sh`` (usage there). Two commands:
 
-- ``onnx`` on ``cpu``: :class:`~pyflink_aisp.inference.SentimentHandler`, CPU EP,
-  ``--cpu-threads`` intra-op threads;
-- ``torch`` on ``cpu``: :class:`TorchSentimentHandler`, ``torch.set_num_threads``
-  the same;
-- ``onnx`` on ``cuda:N``: CUDA EP first (CPU EP second only for nodes CUDA lacks),
-  IO binding on (asserted);
-- ``torch`` on ``cuda:N``: encoder parameters on the GPU (asserted).
+``bundle`` (here, where the package, its model and data packages are installed): builds the file
+set the GPU host needs (:mod:`_gpu_bundle`: float16 weights, config, tokenizer, the head, the 12,808
+reviews, CPU reference scores, a manifest) and prints its size; refused over 60 MiB.
 
-Each backend also gets a ``runtime`` row: the same chunks through
-``ModelRuntime.infer_batch`` (the operators' batch API: the chunk is tokenized
-once and the batcher cuts model batches of ``B``, sorted by length), so the
-two rows do the same model work and their ratio is the runtime's overhead.
+``run`` (on the GPU host: Python, torch, transformers, tokenizers, numpy, nvidia-ml-py; no PyFlink,
+Java, Kafka client or network): with an import guard (:mod:`_gpu_guard`) that refuses anything but
+the PyFlink-free package parts, the phases a-g (:mod:`_gpu_phases`, :mod:`_gpu_throughput`), each
+under its own deadline, results rewritten into ``--out`` (``gpu_check.json``, ``gpu_check.md``)
+after every phase (and every throughput cell). ``--cpu-only`` is the small dry run CI runs
+(tests/unit/bench/test_gpu_check.py); its numbers are labelled CPU and never fill a GPU row.
 
-Each cell is the best of ``--repeats`` timed passes after one warm-up pass
-(sentences per second = texts / seconds; GPU results are copied to the host
-inside the timed region, so the time includes the device work). The last
-column is the largest ``|score - score of onnx/cpu|`` over the texts: the GPU
-numbers are only worth having if the scores are the same.
-
-Without CUDA (torch sees no device, or ONNX Runtime lacks the CUDA EP or drops
-it) the script exits 2 before timing anything, unless ``--cpu-only`` is given:
-CPU numbers are never reported as GPU numbers.
-
-Run::
-
-    bash bench/gpu_check.sh [--texts 4096] [--batch-sizes 32,128,512] [--report bench/GPU.md]
-    bash bench/gpu_check.sh --cpu-only --texts 256 --batch-sizes 32,128   # no GPU
+Exit status of ``run``: 0 no acceptance row failed; 1 a row failed or the bundle is unusable; 2 CUDA
+is not usable (nothing is timed on the CPU instead: use ``--cpu-only`` for the dry run).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
+import datetime
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import traceback
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-CUDA_EP, CPU_EP = "CUDAExecutionProvider", "CPUExecutionProvider"
 EXIT_NO_CUDA = 2
-
-
-class NoCudaError(RuntimeError):
-    """CUDA was asked for and is not usable."""
-
-
-@dataclass(kw_only=True)
-class Row:
-    """One backend's results: sentences/s per batch size and the score difference."""
-
-    backend: str
-    device: str
-    rates: dict[int, float] = field(default_factory=dict)
-    max_score_diff: float = 0.0
+#: Phase keys in the order they run (the OOM phase last: it limits the device's memory), with the
+#: share of the remaining time each one gets.
+ORDER = {
+    "environment": 0.03,
+    "reference": 0.08,
+    "throughput": 0.55,
+    "bf16": 0.14,
+    "lease": 0.03,
+    "ort": 0.01,
+    "oom": 0.16,
+}
+_GPU_DEFAULTS = {
+    "texts": None,
+    "batch_sizes": "32,256,1024",
+    "warmup_texts": 8192,
+    "arrow_batch": 8192,
+    "reference_rows": 2048,
+    "deadline_s": 480.0,
+}
+_CPU_DEFAULTS = {
+    "texts": 64,
+    "batch_sizes": "16,32",
+    "warmup_texts": 32,
+    "arrow_batch": 64,
+    "reference_rows": 64,
+    "deadline_s": 600.0,
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cpu-only", action="store_true", help="no GPU: time the CPU backends only")
-    p.add_argument("--texts", type=int, default=2048, help="real reviews to score per pass")
-    p.add_argument("--batch-sizes", default="32,128,512", help="comma-separated batch sizes")
-    p.add_argument("--repeats", type=int, default=3, help="timed passes per cell (best kept)")
-    p.add_argument("--device-id", type=int, default=0, help="CUDA device index")
-    p.add_argument("--cpu-threads", type=int, default=os.cpu_count() or 1, help="CPU backends' threads")
-    p.add_argument("--report", type=Path, default=None, help="also write the markdown here")
+    """``bundle`` or ``run`` and their options (``run``'s defaults depend on ``--cpu-only``)."""
+    p = argparse.ArgumentParser(prog="bench/gpu_check.sh", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("bundle", help="build the file set for the GPU host (here)")
+    b.add_argument("--out", type=Path, default=Path(".aisp/gpu-bundle"), help="bundle folder (replaced)")
+    b.add_argument(
+        "--assets", type=Path, default=None, help="model assets folder (default: the cached build)"
+    )
+    b.add_argument("--sample", type=int, default=2048, help="reviews with a CPU reference score")
+    b.add_argument("--check-rows", type=int, default=None, help="sample rows the handler is checked on (all)")
+    b.add_argument("--rounding-rows", type=int, default=256, help="sample rows scored with fp32 weights too")
+    r = sub.add_parser("run", help="run the check (on the GPU host; --cpu-only: the dry run)")
+    r.add_argument("--bundle", type=Path, required=True, help="bundle folder")
+    r.add_argument("--out", type=Path, required=True, help="results folder (gpu_check.json, gpu_check.md)")
+    r.add_argument("--cpu-only", action="store_true", help="the small CPU dry run (CI)")
+    r.add_argument("--texts", type=int, default=None, help="corpus rows (GPU: all 51,232; CPU: 64)")
+    r.add_argument("--deadline-s", type=float, default=None, help="whole run's deadline (GPU 480, CPU 600)")
+    r.add_argument("--batch-sizes", default=None, help="throughput batch sizes (GPU 32,256,1024; CPU 16,32)")
+    r.add_argument("--precisions", default="fp32,bf16", help="throughput precisions")
+    r.add_argument(
+        "--warmup-texts", type=int, default=None, help="rows of the untimed pass (GPU 8192; CPU 32)"
+    )
+    r.add_argument(
+        "--arrow-batch", type=int, default=None, help="rows per Arrow batch to the runtime (GPU 8192)"
+    )
+    r.add_argument(
+        "--reference-rows", type=int, default=None, help="sample rows compared in phase b (GPU 2048; CPU 64)"
+    )
+    r.add_argument("--device-id", type=int, default=0, help="CUDA device index")
     args = p.parse_args(argv)
-    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
-    if args.texts < 1 or args.repeats < 1 or not args.batch_sizes or min(args.batch_sizes) < 1:
-        p.error("--texts, --repeats and every batch size must be >= 1")
+    if args.command == "run":
+        for key, value in (_CPU_DEFAULTS if args.cpu_only else _GPU_DEFAULTS).items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+        args.batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+        args.precisions = [x.strip() for x in args.precisions.split(",") if x.strip()]
+        if not args.batch_sizes or min(args.batch_sizes) < 1 or (args.texts is not None and args.texts < 1):
+            p.error("--batch-sizes and --texts must be >= 1")
+        if set(args.precisions) - {"fp32", "bf16"}:
+            p.error("--precisions takes fp32 and/or bf16")
     return args
 
 
-def require_cuda(device_id: int) -> str:
-    """Check that torch and ONNX Runtime can both use CUDA device ``device_id``.
+def bundle_main(args: argparse.Namespace) -> int:
+    """Build the bundle and print its size (exit 1 when refused or failed)."""
+    from _gpu_bundle import build_bundle, size_line, tree_bytes
 
-    Returns:
-        The device's name (``torch.cuda.get_device_name``).
-
-    Raises:
-        NoCudaError: With what is missing and how to get it.
-    """
-    import torch
-
-    if not torch.cuda.is_available():
-        raise NoCudaError(
-            f"torch {torch.__version__} (CUDA build {torch.version.cuda}) sees no CUDA device; "
-            "check `nvidia-smi` and that torch is a CUDA build (PyPI's Linux x86_64 wheel is)"
-        )
-    if device_id >= torch.cuda.device_count():
-        raise NoCudaError(f"--device-id {device_id} but {torch.cuda.device_count()} CUDA device(s) visible")
-    import onnxruntime as ort
-
-    if hasattr(ort, "preload_dlls"):  # onnxruntime-gpu >= 1.21: CUDA/cuDNN from torch / nvidia-* wheels
-        ort.preload_dlls()
-    if CUDA_EP not in ort.get_available_providers():
-        raise NoCudaError(
-            f"onnxruntime {ort.__version__} has no {CUDA_EP} (providers: {ort.get_available_providers()}); "
-            "install onnxruntime-gpu and uninstall onnxruntime (both share the `onnxruntime` module)"
-        )
-    return str(torch.cuda.get_device_name(device_id))
-
-
-def load_texts(count: int) -> list[str]:
-    """``count`` review snippets in file order (the corpus repeated if ``count`` > 12,808)."""
-    from pyflink_aisp.datasets import load_rotten_tomatoes
-
-    corpus = [r.text for r in load_rotten_tomatoes()]
-    return [corpus[i % len(corpus)] for i in range(count)]
-
-
-def backends(assets: Any, args: argparse.Namespace) -> list[tuple[str, str, Any]]:
-    """``(backend, device, handler)`` in table order; GPU ones unless ``--cpu-only``."""
-    from pyflink_aisp.inference.handlers import SentimentHandler
-    from pyflink_aisp.inference.handlers._torch import TorchSentimentHandler
-
-    threads = args.cpu_threads
-    chosen = [
-        ("onnx", "cpu", SentimentHandler(assets, intra_op_num_threads=threads)),
-        ("torch", "cpu", TorchSentimentHandler(assets, intra_op_num_threads=threads)),
-    ]
-    if not args.cpu_only:
-        gpu = f"cuda:{args.device_id}"
-        onnx_gpu = SentimentHandler(assets, providers=[CUDA_EP, CPU_EP], device_id=args.device_id)
-        chosen += [("onnx", gpu, onnx_gpu), ("torch", gpu, TorchSentimentHandler(assets, device=gpu))]
-    return chosen
-
-
-def check_placement(backend: str, device: str, model: Any) -> None:
-    """Refuse to time a "GPU" backend whose model is not on the GPU.
-
-    Raises:
-        NoCudaError: The ORT session's first provider is not CUDA or IO binding
-            is off, or the torch encoder's parameters are not on ``device``.
-    """
-    if device == "cpu":
-        return
-    if backend == "onnx" and (model.providers[0] != CUDA_EP or not model.uses_io_binding):
-        raise NoCudaError(f"ORT session providers {model.providers}, io binding {model.uses_io_binding}")
-    if backend == "torch":
-        placed = str(next(model.encoder.parameters()).device)
-        if placed != device:
-            raise NoCudaError(f"torch encoder is on {placed}, expected {device}")
-
-
-def time_pass(run: Callable[[list[str]], Sequence[Any]], texts: list[str], batch: int) -> float:
-    """Seconds for one pass over ``texts`` in chunks of ``batch``."""
-    start = time.perf_counter()
-    for i in range(0, len(texts), batch):
-        run(texts[i : i + batch])
-    return time.perf_counter() - start
-
-
-def measure_runtime(
-    handler: Any, backend: str, device: str, texts: list[str], args: argparse.Namespace
-) -> Row:
-    """The same chunks through ``ModelRuntime.infer_batch`` with ``max_batch_size`` = the batch size."""
-    from pyflink_aisp.inference import BatchingConfig, ModelRuntime
-
-    row = Row(backend=f"{backend} runtime", device=device)
-    for batch in args.batch_sizes:
-        runtime = ModelRuntime.acquire(handler, BatchingConfig(max_batch_size=batch))
-        try:
-            time_pass(runtime.infer_batch, texts, batch)  # warm-up
-            best = min(time_pass(runtime.infer_batch, texts, batch) for _ in range(args.repeats))
-        finally:
-            runtime.release()
-        row.rates[batch] = len(texts) / best
-        print(f"  {row.backend:13s} {device:7s} batch {batch:4d}: {row.rates[batch]:9,.0f} sentences/s")
-    return row
-
-
-def measure(
-    handler: Any, backend: str, device: str, texts: list[str], args: argparse.Namespace
-) -> tuple[Row, np.ndarray]:
-    """Load, check placement, warm up and time one backend at every batch size.
-
-    Returns:
-        The row (rates filled) and the float32 ``(len(texts),)`` scores.
-    """
-    model = handler.load_model()
     try:
-        check_placement(backend, device, model)
-        row = Row(backend=backend, device=device)
-
-        def run(chunk: list[str]) -> Sequence[Any]:
-            return handler.run_inference(chunk, model)
-
-        for batch in args.batch_sizes:
-            model.batch_size = batch  # one length-sorted forward pass per operator batch
-            time_pass(run, texts, batch)  # warm-up: kernels, allocator, tokenizer pool
-            best = min(time_pass(run, texts, batch) for _ in range(args.repeats))
-            row.rates[batch] = len(texts) / best
-            print(f"  {backend:5s} {device:7s} batch {batch:4d}: {row.rates[batch]:9,.0f} sentences/s")
-        scores = np.array([s for s, _ in handler.run_inference(texts, model)], dtype=np.float32)
-        return row, scores
-    finally:
-        handler.release_model(model)
-
-
-def render(rows: list[Row], batch_sizes: list[int], header: str) -> str:
-    """The markdown table with a context line above it."""
-    cols = " | ".join(f"batch {b}" for b in batch_sizes)
-    lines = [header, "", f"| backend | device | {cols} | max abs Δscore vs onnx/cpu |", "|---|---|"]
-    lines[-1] += "---|" * (len(batch_sizes) + 1)
-    for row in rows:
-        cells = " | ".join(f"{row.rates[b]:,.0f}" for b in batch_sizes)
-        lines.append(f"| {row.backend} | {row.device} | {cells} | {row.max_score_diff:.2e} |")
-    return "\n".join(lines) + "\n"
+        manifest = build_bundle(
+            args.out,
+            assets_dir=args.assets,
+            sample=args.sample,
+            check_rows=args.check_rows,
+            rounding_rows=args.rounding_rows,
+        )
+    except ValueError as exc:
+        print(f"gpu_check bundle: refused: {exc}", file=sys.stderr)
+        return 1
+    for name, entry in manifest["files"].items():
+        print(f"  {name:28s} {entry['bytes']:>12,} bytes  sha256 {entry['sha256'][:16]}")
+    ref = manifest["reference"]
+    print(
+        f"reference: {ref['rows']:,} reviews ({ref['selection']}); handler check max |Δ| "
+        f"{ref['handler_check']['max_abs_diff']:.2e} on {ref['handler_check']['rows']} rows; fp16 weights vs "
+        f"fp32 weights max |Δscore| {ref['fp16_weights_vs_fp32_weights']['max_abs_diff']:.2e} on "
+        f"{ref['fp16_weights_vs_fp32_weights']['rows']} rows"
+    )
+    print(size_line(manifest, tree_bytes(Path.cwd())))
+    print(f"built {args.out} in {manifest['build_seconds']} s")
+    return 0
 
 
-def run_all(args: argparse.Namespace) -> str:
-    """Build/reuse the assets, measure every backend, return the markdown."""
-    from pyflink_aisp.models import ensure_model_assets
+def _context(args: argparse.Namespace, device: str) -> Any:
+    """Open (verify) the bundle and build the run's :class:`~_gpu_context.Context`."""
+    import numpy as np
+    from _gpu_context import Context
+    from _gpu_files import open_bundle
+    from _gpu_nvml import nvml
 
-    gpu_name = "none (--cpu-only)" if args.cpu_only else require_cuda(args.device_id)
-    assets = ensure_model_assets()
-    texts = load_texts(args.texts)
-    rows: list[Row] = []
-    reference: Any = None
-    for backend, device, handler in backends(assets, args):
-        row, scores = measure(handler, backend, device, texts, args)
-        reference = scores if reference is None else reference
-        row.max_score_diff = float(np.abs(scores - reference).max())
-        rows.append(row)
-        rows.append(measure_runtime(handler, backend, device, texts, args))
-    import onnxruntime as ort
+    bundle = open_bundle(args.bundle)
+    reviews, labels = bundle.reviews()
+    copies = int(bundle.manifest["texts"]["copies"])
+    rows = len(reviews) * copies if args.texts is None else args.texts
+    indices, scores = bundle.reference()
+    return Context(
+        bundle=bundle,
+        device=device,
+        texts=[reviews[i % len(reviews)] for i in range(rows)],
+        labels=labels[np.arange(rows) % len(reviews)],
+        reviews=len(reviews),
+        ref_indices=indices,
+        ref_scores=scores,
+        batches=args.batch_sizes,
+        precisions=args.precisions,
+        warmup_texts=min(args.warmup_texts, rows),
+        arrow_batch=args.arrow_batch,
+        reference_rows=args.reference_rows,
+        nv=None if device == "cpu" else nvml(),
+    )
+
+
+def _phase_fn(key: str) -> Any:
+    import _gpu_phases as phases
+    from _gpu_throughput import throughput_phase
+
+    return {
+        "environment": phases.environment_phase,
+        "reference": phases.reference_phase,
+        "throughput": throughput_phase,
+        "bf16": phases.bf16_phase,
+        "lease": phases.lease_phase,
+        "ort": phases.ort_phase,
+        "oom": phases.oom_phase,
+    }[key]
+
+
+def _run_phases(ctx: Any, results: dict[str, Any], out: Path, end: float) -> None:
+    from _gpu_context import Deadline
+    from _gpu_report import PHASES, write_results
+
+    keys = list(ORDER)
+    for i, key in enumerate(keys):
+        share = ORDER[key] / sum(ORDER[k] for k in keys[i:])
+        deadline = Deadline.after(max(end - time.perf_counter(), 0.0) * share, cap=end)
+        budget, start = deadline.remaining(), time.perf_counter()
+
+        def on_cell(rows: list[dict[str, Any]], key: str = key) -> None:
+            results["phases"][key] = {
+                "status": "running",
+                "rows": rows,
+                "texts": len(ctx.texts),
+                "warmup_texts": ctx.warmup_texts,
+                "arrow_batch": ctx.arrow_batch,
+            }
+            write_results(results, out)
+
+        try:
+            fn = _phase_fn(key)
+            data = fn(ctx, deadline, on_cell) if key == "throughput" else fn(ctx, deadline)
+        except Exception as exc:  # one phase's failure is reported; the later phases still run
+            data = {
+                "status": f"error: {type(exc).__name__}: {str(exc)[:400]}",
+                "traceback": traceback.format_exc(limit=6)[-2000:],
+            }
+        data |= {"seconds": round(time.perf_counter() - start, 2), "budget_s": round(max(budget, 0.0), 1)}
+        results["phases"][key] = data
+        write_results(results, out)
+        print(
+            f"phase {PHASES[key]}: {data['status']} ({data['seconds']} s of {data['budget_s']} s)", flush=True
+        )
+
+
+def run_main(args: argparse.Namespace) -> int:
+    """The check (see the module docstring); the import guard is installed before the package loads."""
+    from _gpu_guard import install
+
+    guard = install()
+    start = time.perf_counter()
     import torch
 
-    header = (
-        f"Sentences/s, {len(texts)} Rotten Tomatoes snippets, model {assets.sha256[:12]}; GPU: {gpu_name}; "
-        f"CPU: {platform.processor() or platform.machine()}, {args.cpu_threads} threads; "
-        f"torch {torch.__version__}, onnxruntime {ort.__version__}; best of {args.repeats}."
-    )
-    return render(rows, args.batch_sizes, header)
+    device = "cpu" if args.cpu_only else f"cuda:{args.device_id}"
+    if not args.cpu_only and not (torch.cuda.is_available() and args.device_id < torch.cuda.device_count()):
+        print(
+            f"gpu_check: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no {device}; "
+            "nothing is timed (CPU numbers are never GPU numbers): use --cpu-only for the dry run",
+            file=sys.stderr,
+        )
+        return EXIT_NO_CUDA
+    from _gpu_report import render, write_results
+
+    try:
+        ctx = _context(args, device)
+    except ValueError as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 1
+    results: dict[str, Any] = {
+        "check": "bench/gpu_check.sh run",
+        "mode": "cpu-only" if args.cpu_only else "gpu",
+        "device": device,
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": "bash bench/gpu_check.sh " + " ".join(sys.argv[1:]),
+        "deadline_s": args.deadline_s,
+        "phases": {},
+        "import_guard": {"refused": guard.refused},
+        "finished": False,
+    }
+    _run_phases(ctx, results, args.out, start + args.deadline_s)
+    results["finished"] = True
+    write_results(results, args.out)
+    report = render(results)
+    print(report[: report.find("\n## a.")])
+    print(f"results: {args.out / 'gpu_check.json'}, {args.out / 'gpu_check.md'}")
+    return 1 if any(r["status"] == "fail" for r in results["acceptance"]) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit status: 0 with the table printed, 2 when CUDA is not usable, 1 on a model error."""
-    from pyflink_aisp.errors import AispError
-
+    """Dispatch ``bundle`` / ``run``."""
     args = parse_args(argv)
-    try:
-        report = run_all(args)
-    except NoCudaError as exc:
-        print(f"gpu_check: CUDA not usable: {exc}", file=sys.stderr)
-        return EXIT_NO_CUDA
-    except AispError as exc:  # e.g. ORT could not initialise the CUDA EP (no silent CPU run)
-        print(f"gpu_check: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(report)
-    if args.report is not None:
-        args.report.write_text(report, encoding="utf-8")
-    return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    return bundle_main(args) if args.command == "bundle" else run_main(args)
 
 
 if __name__ == "__main__":
