@@ -137,3 +137,37 @@ def test_a_second_live_job_of_the_same_name_is_refused_by_flink_run(stack, model
         assert f"(job {job_id}): stop it (`flink stop {job_id}`) or pass another --job-name" in lines[0]
     finally:
         subprocess.run([cmd[0], "cancel", job_id], env=stack.flink_env(), capture_output=True, timeout=120)
+
+
+def test_flink_run_torch_job_pipelines_device_batches_in_few_shapes(stack, model_assets):
+    """Issue 23 through `flink run`: the torch runtime with the GPU path's launch / collect (two
+    model batches in flight, lengths padded to 16, batch buckets; the CPU's host ops stand in
+    for CUDA streams) scores every review once, as the ONNX model does. Arrow batches of 64 over
+    model batches of 16 are submitted as slices of 32 without waiting (ModelRuntime.infer_batch)."""
+    from pyflink_aisp.inference.handlers import TorchSentimentHandler
+
+    bootstrap = str(stack.status().bootstrap_servers)
+    t_in, t_out, t_dlq = "e2e-torch-reviews", "e2e-torch-scores", "e2e-torch-dlq"
+    create_topics(bootstrap, [t_in, t_out, t_dlq])
+    reviews = load_rotten_tomatoes()[1000:1000 + 120]
+    records = [{"id": r.id, "text": r.text} for r in reviews]
+    assert ingest_records(bootstrap, t_in, records, progress=False).delivered == len(reviews)
+    cmd = stack.flink_run_command(
+        "pyflink_aisp.jobs.review_sentiment", "--bootstrap-servers", bootstrap,
+        "--input-topic", t_in, "--output-topic", t_out, "--dlq-topic", t_dlq, "--mode", "batch",
+        "--model-dir", str(model_assets.directory), "--runtime", "torch", "--device", "cpu",
+        "--pipeline-depth", "2", "--pad-to-multiple-of", "16", "--batch-size-buckets", "4,8,16",
+        "--max-batch-size", "16", "--arrow-batch-size", "64", module=True,
+    )
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    docs = [json.loads(m.value()) for m in read_topic(bootstrap, t_out, min_count=len(reviews), timeout_s=60)]
+    scores, _ = OnnxSentimentModel(model_assets).predict([r.text for r in reviews])
+    expected = {r.id: float(s) for r, s in zip(reviews, scores, strict=True)}
+    assert sorted(d["id"] for d in docs) == sorted(expected)  # each once
+    version = TorchSentimentHandler(model_assets).model_version()
+    for d in docs:
+        assert d["score"] == pytest.approx(expected[d["id"]], abs=1e-5)
+        assert d["model_sha256"] == version
+    assert read_topic(bootstrap, t_dlq, timeout_s=5) == []
