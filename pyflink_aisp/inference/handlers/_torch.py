@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from pyflink_aisp.checksums import sha256_file, verify_sha256
 from pyflink_aisp.errors import ConfigError, ModelError
-from pyflink_aisp.inference._handler import ModelHandler, Prepared
+from pyflink_aisp.inference._handler import ModelHandler
 from pyflink_aisp.inference.handlers._onnx import encode_texts
 from pyflink_aisp.inference.handlers._sentiment import SentimentPrediction, TokenizedTextsMixin
 from pyflink_aisp.inference.handlers._torch_device import (
@@ -437,19 +437,6 @@ class TorchSentimentHandler(
         """Tokenize (truncation to ``assets.max_length``) and score ``batch``, in order."""
         scores, embeddings = model.predict(list(batch))
         return [(float(scores[i]), embeddings[i]) for i in range(len(batch))]
-
-    def launch_prepared(
-        self, prepared: Prepared, rows: npt.NDArray[np.intp], model: TorchSentimentModel
-    ) -> LaunchHandle | None:
-        """Pad, copy and enqueue ``rows`` of the tokenized batch; returns before the device is done.
-
-        Thread-safety: the batching thread only (as :meth:`collect_prepared`).
-
-        Raises:
-            ModelError: The model was released.
-            InferenceError: More than ``pipeline_depth + 1`` batches in flight.
-        """
-        return model.launch(prepared.payload, rows)
 
     def collect_prepared(
         self, handle: LaunchHandle | None, model: TorchSentimentModel

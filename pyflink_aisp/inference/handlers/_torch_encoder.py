@@ -395,19 +395,6 @@ class TorchEncoderHandler(TorchDeviceHooks, TextEncoderHandler[TorchEncoderModel
         vectors in rows order."""
         return self.collect_prepared(self.launch_prepared(prepared, rows, model), model)
 
-    def launch_prepared(
-        self, prepared: Prepared, rows: npt.NDArray[np.intp], model: TorchEncoderModel
-    ) -> LaunchHandle | None:
-        """Pad, copy and enqueue ``rows``; returns before the device is done.
-
-        Thread-safety: the batching thread only (as :meth:`collect_prepared`).
-
-        Raises:
-            ModelError: The model was released.
-            InferenceError: More than ``pipeline_depth + 1`` batches in flight.
-        """
-        return model.launch(prepared.payload, rows)
-
     def collect_prepared(self, handle: LaunchHandle | None, model: TorchEncoderModel) -> list[Embedding]:
         """Wait for a launched batch: its ``k`` ``(dim,)`` float32 vectors in rows order.
 

@@ -401,6 +401,19 @@ class TorchDeviceHooks:
     The model offers ``runner`` (:class:`DeviceRunner`), ``device_uuid`` and ``empty_cache()``.
     """
 
+    def launch_prepared(self, prepared: Any, rows: npt.NDArray[np.intp], model: Any) -> LaunchHandle:
+        """Pad, copy and enqueue ``rows`` of the tokenized batch (``prepared.payload``); returns
+        before the device is done.
+
+        Thread-safety: the batching thread only (as ``collect_prepared``).
+
+        Raises:
+            ModelError: The model was released.
+            InferenceError: More than ``pipeline_depth + 1`` batches in flight.
+        """
+        handle: LaunchHandle = model.launch(prepared.payload, rows)
+        return handle
+
     def pipeline_depth(self, model: Any) -> int:
         """The constructor's ``pipeline_depth``, else 2 on CUDA and 1 on the CPU."""
         return int(model.runner.depth)
