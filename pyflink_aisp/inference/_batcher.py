@@ -219,11 +219,15 @@ class MicroBatcher(Generic[T, R]):
 
     @property
     def pipeline_depth(self) -> int:
-        """Most chunk batches in flight now (1 without a launcher)."""
+        """Most chunk batches in flight now (1 without a launcher, or when the depth callable
+        raises or returns no int: logged, and the batches in flight are collected first)."""
         if self._launch_rows is None:
             return 1
-        depth = self._depth() if callable(self._depth) else self._depth
-        return max(1, int(depth))
+        try:
+            return max(1, int(self._depth() if callable(self._depth) else self._depth))
+        except Exception:  # a broken hook must not stop the batching thread (its futures would hang)
+            _log.exception("pipeline_depth failed; running model batches one at a time")
+            return 1
 
     def submit(self, item: T, tokens: int = 1) -> Future[R]:
         """Queue one item of ``tokens`` tokens; its future resolves with the result

@@ -188,6 +188,7 @@ class ModelRuntime:
         self.batcher.close()
         if self._watcher is not None:
             self._watcher.join()
+        self._offer(None)  # a version loaded but never swapped in
         self.handler.release_model(self._model)
 
     def submit(self, example: Any, tokens: int | None = None) -> Future[Inferred]:
@@ -360,7 +361,7 @@ class ModelRuntime:
         with self._swap_lock:
             stale, self._swap.ready = self._swap.ready, ready
         if stale is not None:
-            self.handler.release_model(stale[0])
+            self._release_retired(stale[0])
 
     def _swap_in(self) -> tuple[Any, str]:
         """Batching thread: swap in a ready model version; the model and version to run.
@@ -375,7 +376,7 @@ class ModelRuntime:
             if self._in_flight.get(id(old)):
                 self._retired[id(old)] = old
             else:
-                self.handler.release_model(old)
+                self._release_retired(old)
         return self._model, self.model_version
 
     def _run_batch(self, examples: list[Any]) -> list[Inferred]:
@@ -407,7 +408,17 @@ class ModelRuntime:
                 del self._in_flight[key]
                 retired = self._retired.pop(key, None)
                 if retired is not None:
-                    self.handler.release_model(retired)
+                    self._release_retired(retired)
+
+    def _release_retired(self, model: Any) -> None:
+        """Release a model that no longer serves (swapped out, after its last batch; or loaded and
+        replaced before it was swapped in); an error is logged, not raised: the batch it computed
+        is done (raising here would discard its results and run it again), and the watcher thread
+        must keep polling."""
+        try:
+            self.handler.release_model(model)
+        except Exception:
+            _log.exception("releasing the swapped-out model failed")
 
     def _on_batch(self, report: BatchReport) -> None:
         self.batch_sizes.add(report.size)

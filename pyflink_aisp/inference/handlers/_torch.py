@@ -191,7 +191,8 @@ class TorchSentimentModel:
     def predict_rows(
         self, tokens: TokenizedBatch, rows: npt.NDArray[np.intp]
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-        """Score ``rows`` of ``tokens`` as one model batch (the caller formed it).
+        """Score ``rows`` of ``tokens`` as one model batch (the caller formed it). Any thread: the
+        batch runs in slots of its own, not counted against the pipeline depth of :meth:`launch`.
 
         Returns:
             ``(scores, embeddings)``: float32 ``(k,)`` and ``(k, 384)``, in ``rows`` order.
@@ -199,7 +200,11 @@ class TorchSentimentModel:
         Raises:
             ModelError: The model was released.
         """
-        return self.collect(self.launch(tokens, rows))
+        self._check_loaded()
+        if not len(rows):
+            return self.collect(None)
+        scores, embeddings = self.runner.run(tokens, rows)
+        return scores, embeddings
 
     def launch(self, tokens: TokenizedBatch, rows: npt.NDArray[np.intp]) -> LaunchHandle | None:
         """Start scoring ``rows`` of ``tokens`` without waiting for the device (None: no rows).

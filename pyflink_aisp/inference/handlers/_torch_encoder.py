@@ -157,11 +157,17 @@ class TorchEncoderModel:
 
     def embed_rows(self, tokens: TokenizedBatch, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.float32]:
         """``(k, dim)`` float32 vectors of ``rows`` of ``tokens`` (one model batch), in rows order.
+        Any thread: the batch runs in slots of its own, not counted against the pipeline depth of
+        :meth:`launch`.
 
         Raises:
             ModelError: As :meth:`embed`.
         """
-        return self.collect(self.launch(tokens, rows))
+        self._check_loaded()
+        if not len(rows):
+            return self.collect(None)
+        (vectors,) = self.runner.run(tokens, rows)
+        return vectors
 
     def launch(self, tokens: TokenizedBatch, rows: npt.NDArray[np.intp]) -> LaunchHandle | None:
         """Start embedding ``rows`` without waiting for the device (None: no rows).
