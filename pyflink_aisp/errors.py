@@ -145,6 +145,18 @@ class RemoteTimeoutError(RemoteError):
     (dead-lettered as ``remote_timeout``)."""
 
 
+class PromptTooLongError(RemoteError):
+    """A record's prompt does not fit: over ``--prompt-max-tokens`` when counted before the
+    request, or past the model's context window as the server answered (llama.cpp's
+    ``exceed_context_size_error``, OpenAI's ``context_length_exceeded``, vLLM's "maximum context
+    length"); dead-lettered as ``prompt_too_long``. The record's fault, not the server's: never
+    retried, and not counted by the circuit breaker.
+
+    Attributes:
+        status: The server's HTTP status, or None when the prompt was counted before any request.
+    """
+
+
 class InvalidModelOutputError(InferenceError):
     """A model answered, but not in the form its task asked for, e.g. a generation asked for
     JSON of a schema that does not parse or lacks a field (dead-lettered as

@@ -40,6 +40,7 @@ from pyflink_aisp.errors import (
     InferenceTimeoutError,
     InvalidModelOutputError,
     OversizedOutputError,
+    PromptTooLongError,
     RemoteError,
     RemoteTimeoutError,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "DeadLettered",
     "Reason",
     "dead_letter_json",
+    "is_record_fault",
     "reason_of",
     "render_dead_letter",
     "render_scored",
@@ -97,6 +99,7 @@ class Reason(enum.StrEnum):
     INFERENCE_TIMEOUT = "inference_timeout"
     REMOTE_ERROR = "remote_error"
     REMOTE_TIMEOUT = "remote_timeout"
+    PROMPT_TOO_LONG = "prompt_too_long"
     INVALID_MODEL_OUTPUT = "invalid_model_output"
     OVERSIZED_OUTPUT = "oversized_output"
 
@@ -104,6 +107,7 @@ class Reason(enum.StrEnum):
 def reason_of(error: BaseException) -> Reason:
     """The reason for an exception: a :class:`~pyflink_aisp.errors.DecodeError`'s
     own, ``INFERENCE_TIMEOUT`` for :class:`~pyflink_aisp.errors.InferenceTimeoutError`,
+    ``PROMPT_TOO_LONG`` for :class:`~pyflink_aisp.errors.PromptTooLongError`,
     ``REMOTE_TIMEOUT`` / ``REMOTE_ERROR`` for :class:`~pyflink_aisp.errors.RemoteTimeoutError` /
     :class:`~pyflink_aisp.errors.RemoteError`, ``INVALID_MODEL_OUTPUT`` for
     :class:`~pyflink_aisp.errors.InvalidModelOutputError`, else ``INFERENCE_ERROR``."""
@@ -116,6 +120,8 @@ def reason_of(error: BaseException) -> Reason:
         return Reason.INFERENCE_TIMEOUT
     if isinstance(error, RemoteTimeoutError):
         return Reason.REMOTE_TIMEOUT
+    if isinstance(error, PromptTooLongError):
+        return Reason.PROMPT_TOO_LONG
     if isinstance(error, RemoteError):
         return Reason.REMOTE_ERROR
     if isinstance(error, OversizedOutputError):
@@ -123,6 +129,12 @@ def reason_of(error: BaseException) -> Reason:
     if isinstance(error, InvalidModelOutputError):
         return Reason.INVALID_MODEL_OUTPUT
     return Reason.INFERENCE_ERROR
+
+
+def is_record_fault(error: BaseException) -> bool:
+    """Whether an inference failure is the record's own, not the model's or the server's (its
+    prompt does not fit the model: ``prompt_too_long``): the circuit breaker does not count it."""
+    return isinstance(error, PromptTooLongError)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -358,6 +358,7 @@ _GENERATION_FIELDS = (
     OutputField(name="prompt_tokens", sql_type=SqlType.BIGINT),
     OutputField(name="completion_tokens", sql_type=SqlType.BIGINT),
 )
+_TRUNCATED_FIELD = (OutputField(name="prompt_truncated", sql_type=SqlType.BOOLEAN),)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -368,17 +369,20 @@ class GenerationTask(Task):
     several records and the server reported one total), and one value per ``structured`` field.
 
     Fields: ``completion`` STRING, ``finish_reason`` STRING, ``prompt_tokens`` BIGINT,
-    ``completion_tokens`` BIGINT, then the ``structured`` fields (a JSON schema's properties,
-    parsed from the completion).
+    ``completion_tokens`` BIGINT, with ``prompt_truncated`` its BOOLEAN field, then the
+    ``structured`` fields (a JSON schema's properties, parsed from the completion).
 
     Attributes:
         structured: Fields parsed from a structured (JSON) completion, in the schema's order.
+        prompt_truncated: Prompts may be cut to fit the model (``--prompt-overflow truncate``):
+            a field ``prompt_truncated`` says whether the record's was.
 
     Raises:
         ConfigError: A structured field named like one of the four, or a name twice.
     """
 
     structured: tuple[OutputField, ...] = ()
+    prompt_truncated: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "structured", tuple(self.structured))
@@ -389,7 +393,7 @@ class GenerationTask(Task):
 
     @property
     def fields(self) -> tuple[OutputField, ...]:
-        return _GENERATION_FIELDS + self.structured
+        return _GENERATION_FIELDS + (_TRUNCATED_FIELD if self.prompt_truncated else ()) + self.structured
 
     def render(self, prediction: Any) -> dict[str, Any]:
         return {f.name: None if prediction[f.name] is None else _plain(f, prediction[f.name])

@@ -117,7 +117,7 @@ def remote_handler(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
         api="chat" if api is RemoteApi.OPENAI_CHAT else "completions", rows_per_request=rows,
         prompt_template=options.prompt_template, system_prompt=options.system_prompt,
         max_tokens=options.max_tokens, temperature=options.temperature, seed=options.seed,
-        json_schema=options.json_schema_value(), **endpoint)
+        json_schema=options.json_schema_value(), prompt_limit=options.prompt_limit(), **endpoint)
 
 
 def torch_device_kwargs(options: InferenceOptions) -> dict[str, Any]:

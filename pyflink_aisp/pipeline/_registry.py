@@ -27,6 +27,8 @@ The file::
         remote-model: Qwen/Qwen2.5-1.5B-Instruct
         prompt-template: "Sentiment of this review, one word: {text}"
         max-tokens: 4
+        prompt-max-tokens: 1500   # longer prompts: their text cut to fit (or dead-letter)
+        prompt-overflow: truncate
       lexicon:
         task: handler
         class: lexicon_handler:LexiconHandler   # importable on the workers
@@ -40,7 +42,8 @@ A model on a server has ``remote-url`` and ``remote-model`` instead of a path: `
 an Open Inference Protocol v2 server, ``embed`` on an OpenAI-compatible one
 (``/v1/embeddings``), ``generate`` (only there) by ``remote-api`` ``openai-chat`` (the default)
 or ``openai-completions``, with the generation options (``prompt-template``, ``max-tokens``,
-``json-schema``, ...). Every other key is an option of the
+``json-schema``, ``prompt-max-tokens``, ...; a relative ``prompt-tokenizer`` path is relative
+to this file). Every other key is an option of the
 model, batching or worker group (``docs/options.md``) by its flag's name without ``--``;
 options of the job (topics, checkpoints) are the job's, not a model's.
 """
@@ -63,7 +66,7 @@ from pyflink_aisp.inference import ModelHandler
 from pyflink_aisp.pipeline._config import INFERENCE_OPTIONS, InferenceOptions, PipelineOptions
 from pyflink_aisp.pipeline._handlers import handler_for
 from pyflink_aisp.pipeline._options import Option, OptionGroup
-from pyflink_aisp.pipeline._remote_options import RemoteApi
+from pyflink_aisp.pipeline._remote_options import SERVER_TOKENIZER, RemoteApi
 
 __all__ = ["MODELS_ENV", "ModelRegistry", "ModelTask", "RegisteredModel", "load_registry",
            "options_from_args", "registry_from_env"]
@@ -199,6 +202,10 @@ def _entry(name: str, entry: Any, base_dir: Path, where: str) -> RegisteredModel
     schema = values.get("json_schema")
     if isinstance(schema, str) and schema.startswith("@") and not Path(schema[1:]).is_absolute():
         values["json_schema"] = f"@{base_dir / schema[1:]}"  # a schema file beside the registry
+    counter = values.get("prompt_tokenizer")
+    if counter not in (None, SERVER_TOKENIZER):  # a relative tokenizer.json is beside the registry
+        found = Path(os.path.expanduser(str(counter)))
+        values["prompt_tokenizer"] = str(found if found.is_absolute() else base_dir / found)
 
     def path(key: str, required: bool = True) -> Path | None:
         if entry.get(key) is None:

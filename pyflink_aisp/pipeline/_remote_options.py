@@ -10,10 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference.handlers.remote import CallLogConfig, check_base_url, path_segment, schema_fields
+from pyflink_aisp.inference.handlers.remote import (
+    CallLogConfig,
+    PromptLimit,
+    PromptOverflow,
+    check_base_url,
+    path_segment,
+    schema_fields,
+)
 from pyflink_aisp.pipeline._options import OptionGroup, opt, options_of
 
-__all__ = ["GENERATION_OPTION_NAMES", "RemoteApi", "RemoteOptions"]
+__all__ = ["GENERATION_OPTION_NAMES", "SERVER_TOKENIZER", "RemoteApi", "RemoteOptions"]
 
 M = OptionGroup.MODEL
 
@@ -34,7 +41,9 @@ class RemoteApi(enum.StrEnum):
 
 #: The generation options (they apply to ``--remote-api openai-chat`` / ``openai-completions``).
 GENERATION_OPTION_NAMES = ("prompt_template", "system_prompt", "max_tokens", "temperature", "seed",
-                           "json_schema")
+                           "json_schema", "prompt_max_tokens", "prompt_overflow", "prompt_tokenizer")
+#: ``--prompt-tokenizer`` value that counts with the server's ``POST /tokenize``.
+SERVER_TOKENIZER = "server"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +110,20 @@ class RemoteOptions:
         'schema (inline JSON, or @FILE); each property becomes an output field, and a completion that '
         'does not parse or fit is an invalid_model_output dead letter.',
         job_param='aisp.generate.json-schema', nullable=True)
+    prompt_max_tokens: int | None = opt(None, M, "Generation: count each record's prompt before it is sent "
+        '(--prompt-tokenizer); one over this many tokens is a prompt_too_long dead letter or has its text '
+        "cut (--prompt-overflow). none: prompts go as they are (a server's own context-window refusal is "
+        'still prompt_too_long).', unit='tokens', job_param='aisp.generate.prompt-max-tokens', nullable=True,
+        minimum=1)
+    prompt_overflow: PromptOverflow = opt(PromptOverflow.DEAD_LETTER, M, 'Generation, with '
+        '--prompt-max-tokens: dead-letter: a prompt over it is a prompt_too_long dead letter; truncate: the '
+        "record's {text} is cut from the end until the prompt fits (the template stays whole), and the "
+        'field prompt_truncated says whether it was.', job_param='aisp.generate.prompt-overflow')
+    prompt_tokenizer: str | None = opt(None, M, 'Generation, with --prompt-max-tokens: what counts a '
+        "prompt's tokens: PATH to the model's HF tokenizer.json, or server (none: the same): the "
+        "server's POST /tokenize (llama.cpp, vLLM), checked before the job starts. The chat template, "
+        'system prompt and special tokens are not counted: leave them room.',
+        job_param='aisp.generate.prompt-tokenizer', nullable=True)
 
     def json_schema_value(self) -> dict[str, Any] | None:
         """``--json-schema`` parsed (inline JSON, or ``@FILE``), or None.
@@ -123,6 +146,23 @@ class RemoteOptions:
         if not isinstance(value, dict):
             raise ConfigError("--json-schema must be a JSON object schema")
         return value
+
+    def prompt_limit(self) -> PromptLimit | None:
+        """The prompt limit of ``--prompt-max-tokens``, ``--prompt-overflow`` and
+        ``--prompt-tokenizer``, or None.
+
+        Raises:
+            ConfigError: The tokenizer is not a tokenizer.json (or a directory holding one).
+        """
+        if self.prompt_max_tokens is None:
+            return None
+        counter = self.prompt_tokenizer
+        tokenizer = None if counter is None or counter == SERVER_TOKENIZER else Path(counter)
+        try:
+            return PromptLimit(max_tokens=self.prompt_max_tokens, overflow=self.prompt_overflow,
+                               tokenizer=tokenizer)
+        except ConfigError as exc:
+            raise ConfigError(f"--prompt-tokenizer: {exc}") from None
 
     def _check_remote(self) -> None:
         """``--remote-*`` go with ``--remote-url`` and ``--remote-model``, the generation options
@@ -153,6 +193,11 @@ class RemoteOptions:
         if self.temperature > 2:
             raise ConfigError(f"--temperature must be <= 2 (the OpenAI API's range), "
                               f"got {self.temperature:g}")
+        limited = [f for f in ("--prompt-overflow", "--prompt-tokenizer") if f in generation]
+        if limited and self.prompt_max_tokens is None:
+            raise ConfigError(f"{', '.join(limited)} apply with --prompt-max-tokens (the most tokens of a "
+                              "prompt)")
+        self.prompt_limit()
         schema = self.json_schema_value()
         if schema is not None:
             try:

@@ -52,7 +52,7 @@ from pyflink_aisp.inference import (
     handler_key,
 )
 from pyflink_aisp.inference.metrics import Window, bind_breaker_metrics, register_window
-from pyflink_aisp.outcome import DeadLettered
+from pyflink_aisp.outcome import DeadLettered, is_record_fault
 from pyflink_aisp.pipeline._watch import DeadLetterWatch, DeadLetterWatchConfig
 
 __all__ = ["LeaseOpener", "OperatorShell", "WorkerSpec"]
@@ -220,13 +220,14 @@ class OperatorShell:
         return None if self.runtime is None else self.runtime.model_version
 
     def judge(self, error: BaseException | None) -> None:
-        """Count one inference outcome in the breaker.
+        """Count one inference outcome in the breaker (a record's own fault,
+        :func:`~pyflink_aisp.outcome.is_record_fault`, counts as a success: the model answered).
 
         Raises:
             CircuitOpenError: The breaker opened: the job fails over (never a dead letter).
         """
         if self.breaker is not None:
-            self.breaker.record(error is not None, error)
+            self.breaker.record(error is not None and not is_record_fault(error), error)
 
     def judge_many(self, failed: int, total: int, last: BaseException | None) -> None:
         """Count ``total`` inference outcomes, ``failed`` of them failures (``last``: one of them).

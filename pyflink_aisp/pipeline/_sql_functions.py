@@ -72,7 +72,7 @@ from pyflink.table.udf import AsyncScalarFunction, FunctionContext, ScalarFuncti
 from pyflink_aisp.errors import ConfigError, InferenceError
 from pyflink_aisp.inference import Inferred, ModelHandler, ModelRuntime
 from pyflink_aisp.inference.tasks import OutputField, SentimentTask, SqlType, Task, render_fields
-from pyflink_aisp.outcome import MAX_DETAIL_CHARS, DeadLettered, reason_of, sentiment_label
+from pyflink_aisp.outcome import MAX_DETAIL_CHARS, DeadLettered, is_record_fault, reason_of, sentiment_label
 from pyflink_aisp.pipeline._config import InferenceOptions
 from pyflink_aisp.pipeline._handlers import handler_for
 from pyflink_aisp.pipeline._shell import OperatorShell, WorkerSpec
@@ -410,7 +410,8 @@ class PandasModelFunction(ScalarFunction):  # type: ignore[misc]
         shared.counts["deadLetters"] += len(errors)
         shared.e2e_us.add((time.perf_counter() - start) * 1e6)
         # CircuitOpenError fails the job: Flink restarts it
-        shared.judge_many(len(errors), len(outcomes), errors[-1] if errors else None)
+        failures = [e for e in errors if not is_record_fault(e)]
+        shared.judge_many(len(failures), len(outcomes), failures[-1] if failures else None)
         shared.watch_outcomes(len(positions), [DeadLettered.of_error(e) for e in errors])
         return shared.rows.frame(rows)
 

@@ -62,6 +62,8 @@ _FIXES: dict[Reason, str] = {
                          "letters' detail",
     Reason.REMOTE_TIMEOUT: "the model server does not answer within --remote-deadline-s: raise it, or "
                            "lower --remote-max-concurrency",
+    Reason.PROMPT_TOO_LONG: "the prompts do not fit the model's context: --prompt-overflow truncate cuts "
+                            "the text to --prompt-max-tokens, or shorten --prompt-template",
     Reason.INVALID_MODEL_OUTPUT: "the model's answers do not fit --json-schema: make the prompt ask for it, "
                                  "or use a server that enforces the schema (response_format)",
     Reason.OVERSIZED_OUTPUT: "outputs exceed the sink's record limit: raise --max-request-size and the "

@@ -257,7 +257,8 @@ def test_the_generation_job_parameters_round_trip() -> None:
         "aisp.generate.prompt-template": "Review: {text}\nSentiment:",
         "aisp.generate.system-prompt": "One word.",
         "aisp.generate.max-tokens": "4", "aisp.generate.temperature": "0.7", "aisp.generate.seed": "11",
-        "aisp.generate.json-schema": schema}
+        "aisp.generate.json-schema": schema, "aisp.generate.prompt-max-tokens": "none",
+        "aisp.generate.prompt-overflow": "dead-letter", "aisp.generate.prompt-tokenizer": "none"}
     assert InferenceOptions.from_job_parameters(get_from(params)) == options
     assert options.json_schema_value() == json.loads(schema)
 
@@ -372,6 +373,9 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.generate.temperature": "0.0",
         "aisp.generate.seed": "none",
         "aisp.generate.json-schema": "none",
+        "aisp.generate.prompt-max-tokens": "none",
+        "aisp.generate.prompt-overflow": "dead-letter",
+        "aisp.generate.prompt-tokenizer": "none",
     }
     assert InferenceOptions.from_job_parameters(get_from(params)) == InferenceOptions()
 

@@ -6,7 +6,9 @@ underneath (:class:`RemoteEndpoint`,
 :class:`RemoteSession`: a connection pool per worker, adaptive concurrency
 :class:`AimdLimiter`, retries with backoff inside a deadline) is shared by every remote
 handler. The OpenAI handlers keep their answers in a call log (:class:`CallLog`, a compacted
-Kafka topic) when given one, so records replayed after a failover are not sent again.
+Kafka topic) when given one, so records replayed after a failover are not sent again. A
+:class:`PromptLimit` counts each generation prompt before it is sent, and dead-letters or
+truncates one that does not fit (:class:`PromptOverflow`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pyflink_aisp.inference.handlers.remote._client import (
     RemoteEndpoint,
     RemoteSession,
     check_base_url,
+    context_overflow,
     path_segment,
     retry_after_seconds,
 )
@@ -28,6 +31,7 @@ from pyflink_aisp.inference.handlers.remote._openai import (
     OpenAIModel,
     schema_fields,
 )
+from pyflink_aisp.inference.handlers.remote._prompt import PromptLimit, PromptOverflow
 from pyflink_aisp.inference.handlers.remote._v2 import V2Model, V2PredictorHandler
 
 __all__ = [
@@ -40,12 +44,15 @@ __all__ = [
     "OpenAIEmbeddingHandler",
     "OpenAIGenerationHandler",
     "OpenAIModel",
+    "PromptLimit",
+    "PromptOverflow",
     "RemoteEndpoint",
     "RemoteSession",
     "V2Model",
     "V2PredictorHandler",
     "call_key",
     "check_base_url",
+    "context_overflow",
     "path_segment",
     "retry_after_seconds",
     "schema_fields",

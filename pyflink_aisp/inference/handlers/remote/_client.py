@@ -10,7 +10,9 @@ exponential backoff and full jitter (Brooker, "Exponential Backoff And Jitter", 
 Architecture Blog, 2015: sleep ``uniform(0, min(cap, base * 2**attempt))``), at least as
 long as a ``Retry-After`` asks, until the request's deadline; then it fails with
 :class:`~pyflink_aisp.errors.RemoteTimeoutError`. Any other 4xx / 5xx fails at once with
-:class:`~pyflink_aisp.errors.RemoteError` (the same request would get the same answer).
+:class:`~pyflink_aisp.errors.RemoteError` (the same request would get the same answer), and a
+server's "the prompt is past the context window" (:func:`context_overflow`) with
+:class:`~pyflink_aisp.errors.PromptTooLongError`.
 
 Every wait counts against the deadline: a slot in the limiter, a ``Retry-After`` (capped at
 ``max_retry_after_s``; a longer one ends the request at once), the backoff and the attempt
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import email.utils
+import json
 import os
 import random
 import threading
@@ -41,11 +44,11 @@ from typing import Any, TypeVar
 
 import httpx
 
-from pyflink_aisp.errors import ConfigError, RemoteError, RemoteTimeoutError
+from pyflink_aisp.errors import ConfigError, PromptTooLongError, RemoteError, RemoteTimeoutError
 from pyflink_aisp.inference.handlers.remote._limit import AimdLimiter, LimiterConfig
 
-__all__ = ["RETRYABLE_STATUSES", "RemoteEndpoint", "RemoteSession", "check_base_url", "path_segment",
-           "retry_after_seconds"]
+__all__ = ["RETRYABLE_STATUSES", "RemoteEndpoint", "RemoteSession", "check_base_url", "context_overflow",
+           "path_segment", "retry_after_seconds"]
 
 #: Statuses worth another try: request timeout, too early, too many requests, bad gateway,
 #: service unavailable, gateway timeout (RFC 9110 §15; 425 and 429: RFC 8470, RFC 6585).
@@ -54,6 +57,16 @@ RETRYABLE_STATUSES = frozenset({408, 425, 429, 502, 503, 504})
 _OVERLOAD_STATUSES = frozenset({429, 503})
 #: Most bytes of an error body kept in a message.
 _BODY_CHARS = 300
+#: Statuses a server refuses a prompt past its context window with (all say 400 today).
+_OVERFLOW_STATUSES = frozenset({400, 413, 422})
+#: An error's ``type`` / ``code`` that says the prompt is past the context window: llama.cpp's
+#: ``ERROR_TYPE_EXCEED_CONTEXT_SIZE`` (tools/server/server-common.cpp, format_error_response) and
+#: the OpenAI API's error code.
+_OVERFLOW_KINDS = frozenset({"exceed_context_size_error", "context_length_exceeded"})
+#: Words of an error's ``message`` that say so: llama.cpp's "request (N tokens) exceeds the available
+#: context size (C tokens), try increasing it" (tools/server/server-context.cpp), vLLM's and
+#: OpenAI's "This model's maximum context length is C tokens. However, you requested N tokens ...".
+_OVERFLOW_WORDS = ("exceeds the available context size", "maximum context length")
 
 T = TypeVar("T")
 
@@ -102,6 +115,28 @@ def _total_tokens(answer: Any) -> int:
     usage = answer.get("usage") if isinstance(answer, dict) else None
     total = usage.get("total_tokens") if isinstance(usage, dict) else None
     return total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else 0
+
+
+def context_overflow(status: int, body: str) -> bool:
+    """Whether a refusal is the server's "the prompt is past the context window" answer: HTTP 400
+    (413, 422) with a JSON error object (``{"error": {...}}`` or, older vLLM, the object itself)
+    whose ``type`` or ``code`` is llama.cpp's ``exceed_context_size_error`` or OpenAI's
+    ``context_length_exceeded``, or whose ``message`` holds llama.cpp's "exceeds the available
+    context size" or vLLM's / OpenAI's "maximum context length". Only the error's own fields are
+    read, never the rest of the body (which may echo the prompt)."""
+    if status not in _OVERFLOW_STATUSES:
+        return False
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return False
+    error = document.get("error", document) if isinstance(document, dict) else None
+    if not isinstance(error, dict):
+        return False
+    if any(error.get(key) in _OVERFLOW_KINDS for key in ("type", "code")):
+        return True
+    message = error.get("message")
+    return isinstance(message, str) and any(w in message.lower() for w in _OVERFLOW_WORDS)
 
 
 def retry_after_seconds(value: str | None, *, now: float | None = None) -> float | None:
@@ -212,6 +247,18 @@ class RemoteEndpoint:
         Raises:
             RemoteError: Unreachable (status None), a final 4xx / 5xx, or a body that is not JSON.
         """
+        return self._sync_json(path, None, deadline_s)
+
+    def post_json(self, path: str, body: Any, *, deadline_s: float = 10.0) -> Any:
+        """A synchronous POST of the JSON ``body``, as :meth:`get_json` (start-up checks).
+
+        Raises:
+            RemoteError: As :meth:`get_json`.
+        """
+        return self._sync_json(path, body, deadline_s)
+
+    def _sync_json(self, path: str, body: Any, deadline_s: float) -> Any:
+        """GET (``body`` None) or POST ``path`` with retries (see :meth:`get_json`)."""
         deadline = time.monotonic() + min(deadline_s, self.deadline_s)
         rng = random.Random()
         headers = self.headers()
@@ -220,7 +267,8 @@ class RemoteEndpoint:
             for attempt in range(self.max_attempts):
                 wait = rng.uniform(0.0, min(self.backoff_cap_s, self.backoff_base_s * 2 ** attempt))
                 try:
-                    response = client.get(f"{self.url}{path}")
+                    response = (client.get(f"{self.url}{path}") if body is None else
+                                client.post(f"{self.url}{path}", json=body))
                 except httpx.HTTPError as exc:
                     failure = RemoteError(_redact(f"{self.url} is unreachable: {type(exc).__name__}: {exc}",
                                                   headers))
@@ -245,8 +293,9 @@ def _redact(text: str, headers: dict[str, str]) -> str:
 
 def _json_of(response: httpx.Response, path: str) -> Any:
     if response.status_code >= 400:
-        raise RemoteError(f"{path}: HTTP {response.status_code}: {response.text[:_BODY_CHARS]}",
-                          response.status_code)
+        text = response.text
+        error = PromptTooLongError if context_overflow(response.status_code, text) else RemoteError
+        raise error(f"{path}: HTTP {response.status_code}: {text[:_BODY_CHARS]}", response.status_code)
     try:
         return response.json()
     except ValueError:

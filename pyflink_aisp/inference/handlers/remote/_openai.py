@@ -18,7 +18,9 @@ A request that fails fails its records alone (``remote_error`` / ``remote_timeou
 of several records refused with 400, 413 or 422 (one record's prompt may exceed the context
 window) is sent again one record per request, once, so that only the records the server
 refuses alone fail. Structured output that does not parse, or lacks a required field or has one
-of another type, is an ``invalid_model_output`` dead letter.
+of another type, is an ``invalid_model_output`` dead letter. A prompt the server refuses as past
+its context window is a ``prompt_too_long`` dead letter; with a :class:`PromptLimit` each prompt
+is counted before it is sent, and dead-lettered or cut to fit (:mod:`._prompt`).
 """
 
 from __future__ import annotations
@@ -37,12 +39,22 @@ from pyflink_aisp.errors import (
     ConfigError,
     InvalidModelOutputError,
     ModelError,
+    PromptTooLongError,
     RemoteError,
     RemoteTimeoutError,
 )
 from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
 from pyflink_aisp.inference.handlers.remote._call_log import CallLog, CallLogConfig, call_key
 from pyflink_aisp.inference.handlers.remote._client import RemoteEndpoint, RemoteSession
+from pyflink_aisp.inference.handlers.remote._prompt import (
+    Fitted,
+    PromptLimit,
+    PromptOverflow,
+    TokenCounter,
+    check_tokenize,
+    fit_prompts,
+    prompt_counter,
+)
 from pyflink_aisp.inference.tasks import EmbeddingTask, GenerationTask, OutputField, SqlType
 
 __all__ = ["ChatApi", "OpenAIEmbeddingHandler", "OpenAIGenerationHandler", "OpenAIModel",
@@ -143,10 +155,12 @@ class OpenAIModel:
         session: The connection pool, limiter and retries.
         call_log: The worker's call log (answers kept across failovers), or None.
         prompt_tokens / completion_tokens: Token usage the server reported, summed.
+        counter: Counts prompts in tokens (generation with a :class:`PromptLimit`), or None.
     """
 
     session: RemoteSession
     call_log: CallLog | None = None
+    counter: TokenCounter | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -301,8 +315,9 @@ class _OpenAIHandler(ModelHandler[Any, Any, OpenAIModel]):
         if isinstance(result, InvalidModelOutputError):
             return {"kind": "invalid", "at": at, "detail": str(result)}
         if isinstance(result, RemoteError):
-            return {"kind": "failed", "at": at, "status": result.status,
-                    "timeout": isinstance(result, RemoteTimeoutError), "detail": str(result)}
+            return {"kind": "failed", "at": at, "status": result.status, "detail": str(result),
+                    "timeout": isinstance(result, RemoteTimeoutError),
+                    "too_long": isinstance(result, PromptTooLongError)}
         return {"kind": "ok", "at": at, "result": self._encode(result)}
 
     def _replayed(self, entry: dict[str, Any]) -> Any:
@@ -313,7 +328,8 @@ class _OpenAIHandler(ModelHandler[Any, Any, OpenAIModel]):
         if entry["kind"] == "invalid":
             return InvalidModelOutputError(str(entry.get("detail")))
         status = entry.get("status")
-        error = RemoteTimeoutError if entry.get("timeout") else RemoteError
+        error = RemoteTimeoutError if entry.get("timeout") else (
+            PromptTooLongError if entry.get("too_long") else RemoteError)
         return error(detail, status if isinstance(status, int) else None)
 
     def _encode(self, result: Any) -> Any:
@@ -446,9 +462,10 @@ class OpenAIGenerationHandler(_OpenAIHandler):
     for records mapped with a second text) replaced; other braces are kept as they are.
 
     Predictions are mappings rendered by :class:`~pyflink_aisp.inference.tasks.GenerationTask`:
-    ``completion``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``, and with
-    ``json_schema`` (chat only) one field per property of the schema
-    (:func:`schema_fields`). The model version is ``openai:{model}``.
+    ``completion``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``, with a
+    ``prompt_limit`` that truncates ``prompt_truncated``, and with ``json_schema`` (chat only)
+    one field per property of the schema (:func:`schema_fields`). The model version is
+    ``openai:{model}``.
 
     Args:
         url: The server's base URL (without ``/v1``).
@@ -461,6 +478,8 @@ class OpenAIGenerationHandler(_OpenAIHandler):
         seed: A sampling seed for servers that take one, or None.
         json_schema: A JSON object schema the completion must follow (chat only), or None.
         rows_per_request: Most prompts in one ``/v1/completions`` request.
+        prompt_limit: Count each prompt before it is sent and dead-letter or truncate one over the
+            limit (:mod:`._prompt`), or None (the server's own refusal is still ``prompt_too_long``).
         api_key_env / ... / concurrency: As :class:`~pyflink_aisp.inference.handlers.remote.RemoteEndpoint`.
 
     Raises:
@@ -473,7 +492,8 @@ class OpenAIGenerationHandler(_OpenAIHandler):
     def __init__(self, *, url: str, model: str, api: ChatApi = "chat", prompt_template: str = "{text}",
                  system_prompt: str | None = None, max_tokens: int = 256, temperature: float = 0.0,
                  seed: int | None = None, json_schema: dict[str, Any] | None = None,
-                 rows_per_request: int = 16, **endpoint: Any) -> None:
+                 rows_per_request: int = 16, prompt_limit: PromptLimit | None = None,
+                 **endpoint: Any) -> None:
         super().__init__(url=url, model=model, **endpoint)
         if api not in ("chat", "completions"):
             raise ConfigError(f"api must be 'chat' or 'completions', got {api!r}")
@@ -486,7 +506,10 @@ class OpenAIGenerationHandler(_OpenAIHandler):
             raise ConfigError(f"need max_tokens >= 1, 0 <= temperature <= 2 and rows_per_request >= 1, got "
                               f"{max_tokens}, {temperature}, {rows_per_request}")
         self.structured = schema_fields(json_schema) if json_schema is not None else ()
-        self._task = GenerationTask(structured=self.structured)  # a clash with its own fields raises here
+        self.prompt_limit = prompt_limit
+        truncates = prompt_limit is not None and prompt_limit.overflow is PromptOverflow.TRUNCATE
+        # a clash with its own fields raises here
+        self._task = GenerationTask(structured=self.structured, prompt_truncated=truncates)
         self.api, self.prompt_template, self.system_prompt = api, prompt_template, system_prompt
         self.max_tokens, self.temperature, self.seed = max_tokens, temperature, seed
         self.json_schema = json_schema
@@ -496,6 +519,60 @@ class OpenAIGenerationHandler(_OpenAIHandler):
         """The generation fields and the schema's, after the health check (:meth:`check`)."""
         self.check()
         return self._task
+
+    def check(self) -> None:
+        """As the base's, and with a :class:`PromptLimit` counted by the server: ``POST
+        /tokenize`` answers (one line when it does not).
+
+        Raises:
+            RemoteError / ModelError: As the base's, or no ``/tokenize``.
+        """
+        checked = self._checked
+        super().check()
+        if checked or self.prompt_limit is None or self.prompt_limit.tokenizer is not None:
+            return
+        try:
+            check_tokenize(self.endpoint, self.model)
+        except RemoteError:
+            self._checked = False
+            raise
+
+    def load_model(self) -> OpenAIModel:
+        """As the base's, with the prompt counter of a :class:`PromptLimit` (its tokenizer loaded).
+
+        Raises:
+            ModelError: Also: the prompt tokenizer cannot be loaded.
+        """
+        model = super().load_model()
+        if self.prompt_limit is not None:
+            try:
+                model.counter = prompt_counter(self.prompt_limit, model.session, self.model)
+            except BaseException:
+                self.release_model(model)
+                raise
+        return model
+
+    def run_inference(self, batch: Sequence[Any], model: OpenAIModel) -> list[Any]:
+        """As the base's; with a :class:`PromptLimit` the prompts are fitted first, and only those
+        that fit are sent (with ``truncate`` each row says ``prompt_truncated``)."""
+        if self.prompt_limit is None:
+            return super().run_inference(batch, model)
+        examples = list(batch)
+        for x in examples:
+            self._text(x)
+        if model.counter is None:  # a model not from load_model
+            model.counter = prompt_counter(self.prompt_limit, model.session, self.model)
+        fitted = fit_prompts(examples, self.prompt_limit, model.counter, self.prompt)
+        sent = [f for f in fitted if isinstance(f, Fitted)]
+        answers = iter(self._answers([f.example for f in sent], model) if sent else [])
+        flag = self._task.prompt_truncated
+        out: list[Any] = []
+        for f in fitted:
+            result = next(answers) if isinstance(f, Fitted) else f
+            if flag and isinstance(f, Fitted) and isinstance(result, dict):
+                result = {**result, "prompt_truncated": f.truncated}
+            out.append(result)
+        return out
 
     def _text(self, example: Any) -> str:
         if isinstance(example, tuple) and len(example) == 2 and all(isinstance(t, str) for t in example):
