@@ -24,11 +24,10 @@ from pyflink_aisp.inference.handlers.remote._client import (
     retry_after_seconds,
 )
 from pyflink_aisp.inference.handlers.remote._limit import AimdLimiter, LimiterConfig
-from pyflink_aisp.inference.handlers.remote._openai import (
+from pyflink_aisp.inference.handlers.remote._openai import OpenAIEmbeddingHandler, OpenAIModel
+from pyflink_aisp.inference.handlers.remote._openai_generation import (
     ChatApi,
-    OpenAIEmbeddingHandler,
     OpenAIGenerationHandler,
-    OpenAIModel,
     schema_fields,
 )
 from pyflink_aisp.inference.handlers.remote._prompt import PromptLimit, PromptOverflow
