@@ -267,20 +267,9 @@ class Option:
         if self.required:
             return "required"
         if self.device_aware:
-            return f"{_render_value(self.default)}; cuda: {_render_value(self.cuda_default)}"
-        return _render_value(self.default)
-
-
-def _render_value(value: Any) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, tuple):
-        return ",".join(map(str, value)) or "none"
-    if isinstance(value, enum.Enum):
-        return str(value.value)
-    if isinstance(value, Device):
-        return str(value)
-    return str(value).lower() if isinstance(value, bool) else str(value)
+            cuda = render_job_parameter(self, self.cuda_default)
+            return f"{render_job_parameter(self, self.default)}; cuda: {cuda}"
+        return render_job_parameter(self, self.default)
 
 
 #: Largest integer option: Flink reads the settings derived from them as Java ints.
