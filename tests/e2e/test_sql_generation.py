@@ -101,4 +101,7 @@ def test_a_chat_model_in_sql_judges_each_record_once(stack, openai_server, tmp_p
                 "response_format": {"type": "json_schema", "json_schema": {
                     "name": "output", "schema": schema, "strict": True}}}
         want = httpx.post(f"{openai_server}/v1/chat/completions", json=body, timeout=120).json()
-        assert docs[rid]["completion"] == want["choices"][0]["message"]["content"]
+        # the same JSON, not the same bytes: the server answers this second request from its prompt
+        # cache, whose last-token logits differ in the last bits from the job's fresh run, enough to
+        # flip a near-tied whitespace token inside the grammar's JSON (seen in CI: "\n  }" against "\n\n}")
+        assert json.loads(docs[rid]["completion"]) == json.loads(want["choices"][0]["message"]["content"])
