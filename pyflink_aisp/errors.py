@@ -48,6 +48,7 @@ __all__ = [
     "KafkaError",
     "LeaseNotFoundError",
     "ModelError",
+    "NoRouteError",
     "OperatorNotOpenError",
     "OversizedOutputError",
     "PlacementRefusedError",
@@ -113,6 +114,11 @@ class DecodeError(AispError):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+
+class NoRouteError(DecodeError):
+    """No rule of a route takes the record and the route has no default (dead-lettered as
+    ``no_route``: the record's fault, not a model's)."""
 
 
 class TokenizeError(AispError):

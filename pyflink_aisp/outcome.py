@@ -95,6 +95,7 @@ class Reason(enum.StrEnum):
     INVALID_UNICODE = "invalid_unicode"
     BAD_ID = "bad_id"
     DECODE_ERROR = "decode_error"
+    NO_ROUTE = "no_route"
     INFERENCE_ERROR = "inference_error"
     INFERENCE_TIMEOUT = "inference_timeout"
     REMOTE_ERROR = "remote_error"

@@ -121,6 +121,19 @@ class Task(abc.ABC):
                 dead-letters the record as ``inference_error``).
         """
 
+    @property
+    def has_probabilities(self) -> bool:
+        """Whether :meth:`probabilities` gives class probabilities (a cascade stage needs them)."""
+        return False
+
+    def probabilities(self, prediction: Any) -> Any:
+        """One prediction's class probabilities, a ``(k,)`` float vector (a cascade's confidence).
+
+        Raises:
+            InferenceError: This task has none (:attr:`has_probabilities` is False).
+        """
+        raise InferenceError(f"{type(self).__name__} gives no class probabilities")
+
 
 def check_task(task: Task) -> Task:
     """``task`` when it is a :class:`Task` with at least one field and unique field names.
@@ -226,6 +239,15 @@ class SentimentTask(Task):
     def fields(self) -> tuple[OutputField, ...]:
         return (_SCORE, _LABEL, _SENTIMENT_EMBEDDING) if self.with_embedding else (_SCORE, _LABEL)
 
+    @property
+    def has_probabilities(self) -> bool:
+        return True
+
+    def probabilities(self, prediction: Any) -> Any:
+        """``(2,)`` float64: P(rotten), P(fresh)."""
+        score = float(prediction[0])
+        return np.array([1.0 - score, score])
+
     def render(self, prediction: Any) -> dict[str, Any]:
         score, embedding = prediction
         out: dict[str, Any] = {"label": sentiment_label(score), "score": float(score)}
@@ -283,6 +305,14 @@ class ClassificationTask(Task):
     @property
     def fields(self) -> tuple[OutputField, ...]:
         return (_LABEL, _SCORE, _TOP_LABELS, _TOP_SCORES) if self.top_k else (_LABEL, _SCORE)
+
+    @property
+    def has_probabilities(self) -> bool:
+        return True
+
+    def probabilities(self, prediction: Any) -> Any:
+        """``(num_labels,)`` float64: the prediction itself."""
+        return np.asarray(prediction, dtype=np.float64)
 
     def render(self, prediction: Any) -> dict[str, Any]:
         scores = np.asarray(prediction, dtype=np.float64)
@@ -347,6 +377,23 @@ class PredictionTask(Task):
     @property
     def fields(self) -> tuple[OutputField, ...]:
         return self.outputs
+
+    @property
+    def has_probabilities(self) -> bool:
+        """Whether the model has an output named ``probabilities`` (skl2onnx's classifiers)."""
+        return any(f.name == "probabilities" and f.sql_type in (SqlType.ARRAY_FLOAT, SqlType.ARRAY_DOUBLE)
+                   for f in self.outputs)
+
+    def probabilities(self, prediction: Any) -> Any:
+        """``(k,)`` float64: the ``probabilities`` output.
+
+        Raises:
+            InferenceError: The model has no such output.
+        """
+        if not self.has_probabilities:
+            raise InferenceError("a prediction task gives class probabilities only from an output named "
+                                 "probabilities (ARRAY<FLOAT> or ARRAY<DOUBLE>)")
+        return np.asarray(prediction["probabilities"], dtype=np.float64).reshape(-1)
 
     def render(self, prediction: Any) -> dict[str, Any]:
         return {f.name: _plain(f, prediction[f.name]) for f in self.outputs}

@@ -56,6 +56,7 @@ _FIXES: dict[Reason, str] = {
     Reason.BAD_ID: "'id' must be a non-empty string or an integer (absent or null: the record's "
                    "topic/partition/offset)",
     Reason.DECODE_ERROR: "an unforeseen decoder error: report it with a record from the dead-letter topic",
+    Reason.NO_ROUTE: "no rule of --route takes these records: give the route a default, or a rule for them",
     Reason.INFERENCE_ERROR: "the model fails on these records: see the dead letters' detail",
     Reason.INFERENCE_TIMEOUT: "the model is slower than --timeout-s: raise it or scale out",
     Reason.REMOTE_ERROR: "the model server refuses or fails these requests: see the status in the dead "

@@ -58,6 +58,7 @@ def test_reason_values_are_the_dead_letter_reasons() -> None:
         "INVALID_UNICODE": "invalid_unicode",
         "BAD_ID": "bad_id",
         "DECODE_ERROR": "decode_error",
+        "NO_ROUTE": "no_route",
         "INFERENCE_ERROR": "inference_error",
         "INFERENCE_TIMEOUT": "inference_timeout",
         "REMOTE_ERROR": "remote_error",
