@@ -166,7 +166,8 @@ class LexiconScore:
 
 @dataclass(frozen=True, kw_only=True)
 class LexiconTask(Task):
-    """The lexicon's output fields: ``label``, ``score``, ``known_words`` (no embedding)."""
+    """The lexicon's output fields: ``label``, ``score``, ``known_words`` (no embedding), and its
+    class probabilities for a cascade's confidence."""
 
     @property
     def fields(self) -> tuple[OutputField, ...]:
@@ -177,6 +178,15 @@ class LexiconTask(Task):
     def render(self, prediction: LexiconScore) -> dict[str, Any]:
         return {"label": sentiment_label(prediction.score), "score": prediction.score,
                 "known_words": prediction.known_words}
+
+    @property
+    def has_probabilities(self) -> bool:
+        """It has class probabilities: it may be a stage of a cascade (docs/routing.md)."""
+        return True
+
+    def probabilities(self, prediction: LexiconScore) -> list[float]:
+        """``[P(rotten), P(fresh)]``."""
+        return [1.0 - prediction.score, prediction.score]
 
 
 class LexiconSentimentHandler(ModelHandler[str, LexiconScore, Lexicon]):

@@ -68,7 +68,10 @@ from pyflink_aisp.pipeline._preflight import (
     check_model_paths,
     check_python,
 )
+from pyflink_aisp.pipeline._routed_op import RoutedInferenceFunction, routed_inference_udf
+from pyflink_aisp.pipeline._routes import RoutePlan, route_plan
 from pyflink_aisp.pipeline._settings import flink_settings
+from pyflink_aisp.pipeline._shell import WorkerSpec
 
 __all__ = ["SCORED_TYPE", "build_pipeline", "make_environment", "pipeline_statements"]
 
@@ -173,8 +176,12 @@ def pipeline_statements(
     Args and Raises: as :func:`build_pipeline`.
     """
     servers = options.servers
-    handler = handler or handler_for(options)
-    task = check_task(handler.task(with_embedding=options.with_embedding))  # before any topic is made
+    routes = route_plan(options.models, options.route) if options.models and options.route else None
+    if routes is None:
+        handler = handler or handler_for(options)
+        task = check_task(handler.task(with_embedding=options.with_embedding))  # before any topic is made
+    elif handler is not None:
+        raise ConfigError("--route runs the registry's models: pass no handler")
     if options.input_topic not in list_topics(servers):
         raise KafkaError(f"input topic {options.input_topic} does not exist on {servers}")
     for info in create_topics(servers, [options.output_topic, options.dlq]):
@@ -191,7 +198,11 @@ def pipeline_statements(
                           f"max.message.bytes to at least {MIN_RECORD_BYTES + 1024}")
     check_transaction_timeout(servers, options.transaction_timeout_ms)
     plan = plan or plan_input(options)
-    scored = _scored_table(t_env, options, servers, handler, task, limit, plan)
+    if routes is None:
+        assert handler is not None  # set above
+        scored = _scored_table(t_env, options, servers, handler, task, limit, plan)
+    else:
+        scored = _routed_table(t_env, options, servers, routes, limit, plan)
     prefix = options.transactional_prefix
     statements = t_env.create_statement_set()
     for name, topic, kind, dead in (("scores_out", options.output_topic, "scores", False),
@@ -209,11 +220,9 @@ def pipeline_statements(
     return statements
 
 
-def _scored_table(
-    t_env: StreamTableEnvironment, options: PipelineOptions, servers: str,
-    handler: ModelHandler[Any, Any, Any], task: Task, max_record_bytes: int, plan: InputPlan,
-) -> Table:
-    """Source → decode + inference: a table ``(key, value, dead, source)``."""
+def _raw_table(t_env: StreamTableEnvironment, options: PipelineOptions, servers: str,
+               plan: InputPlan) -> Table:
+    """The Kafka source table ``records_in`` of raw values with their coordinates."""
     startup = options.effective_startup_mode
     if plan.starts is not None:
         startup = StartupMode.SPECIFIC_OFFSETS
@@ -222,7 +231,32 @@ def _scored_table(
                               start_offsets=plan.starts, stop_offsets=plan.span.ends if plan.span else None,
                               with_key=options.field_mapping().id_from_key)
     t_env.execute_sql(source.ddl())
-    raw = t_env.from_path("records_in")
+    return t_env.from_path("records_in")
+
+
+def _routed_table(t_env: StreamTableEnvironment, options: PipelineOptions, servers: str,
+                  routes: RoutePlan, max_record_bytes: int, plan: InputPlan) -> Table:
+    """Source → decode + route + inference (:class:`RoutedInferenceFunction`): ``(key, value,
+    dead, source)``. Each model's worker spec from its registry options; a lease (``--affinity-url``)
+    for the first model only."""
+    specs = {}
+    for i, (name, model) in enumerate(routes.models.items()):
+        o = model.options
+        specs[name] = WorkerSpec.of(model.handler(), batching=o.batching(), swap=o.swap(),
+                                    breaker=o.breaker(), affinity=options.affinity() if i == 0 else None)
+    function = RoutedInferenceFunction(routes.node, specs, routes.tasks, fields=routes.fields,
+                                       mapping=options.field_mapping(), max_record_bytes=max_record_bytes,
+                                       dead_letters=options.dead_letter_watch())
+    raw = _raw_table(t_env, options, servers, plan)
+    return raw.map(routed_inference_udf(function)).alias("key", "value", "dead", "source")
+
+
+def _scored_table(
+    t_env: StreamTableEnvironment, options: PipelineOptions, servers: str,
+    handler: ModelHandler[Any, Any, Any], task: Task, max_record_bytes: int, plan: InputPlan,
+) -> Table:
+    """Source → decode + inference: a table ``(key, value, dead, source)``."""
+    raw = _raw_table(t_env, options, servers, plan)
     if options.operator is Runner.ARROW:
         function = ArrowInferenceFunction(handler, batching=options.batching(), swap=options.swap(),
                                           with_embedding=options.with_embedding,

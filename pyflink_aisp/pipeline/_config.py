@@ -470,6 +470,9 @@ class PipelineOptions(InferenceOptions):
         'options; `aisp models list FILE`); with --model, the job runs that model.', nullable=True)
     model: str | None = opt(None, J, 'The model of --models the job runs: its task, path and options '
         'replace the model options given here.', nullable=True)
+    route: str | None = opt(None, J, 'The route of --models the job runs instead of one model: a rule '
+        'router or a model cascade over its models (docs/routing.md); each model keeps its own options and '
+        'batcher. Runs on --operator arrow.', nullable=True)
     keep_fields: str | None = opt(None, J, "Fields of the input record copied unchanged into each output, "
         "after its id: comma-separated JSON Pointers, each written under its last name (/meta/lang -> "
         "lang; null where a record has none); '*': every top-level field but the text's and the id's.")
@@ -583,8 +586,12 @@ class PipelineOptions(InferenceOptions):
         if self.text_pair_field is not None and self.operator is Runner.ASYNC:
             raise ConfigError("--text-pair-field runs on --operator arrow (the default): the async operator "
                               "carries one text per record")
-        if (self.models is None) != (self.model is None):
-            raise ConfigError("--models FILE and --model NAME go together (the job runs one named model)")
+        if (self.models is None) != (self.model is None and self.route is None) or (
+                self.model is not None and self.route is not None):
+            raise ConfigError("--models FILE goes with one of --model NAME (the job runs one named model) "
+                              "or --route NAME (it runs a route over several)")
+        if self.route is not None and self.operator is Runner.ASYNC:
+            raise ConfigError("--route runs on --operator arrow (the default)")
         if self.max_dead_letter_rate is not None and self.max_dead_letter_rate >= 1:
             raise ConfigError(f"--max-dead-letter-rate must be < 1 (a share that can be passed), "
                               f"got {self.max_dead_letter_rate}")

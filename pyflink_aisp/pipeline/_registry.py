@@ -157,10 +157,13 @@ class ModelRegistry:
     Attributes:
         path: The file.
         models: Name → model, in the file's order.
+        routes: Name → the route's entry as the file has it (``routes:``; built into a route by
+            :func:`~pyflink_aisp.pipeline._routes.route_plan`).
     """
 
     path: Path
     models: Mapping[str, RegisteredModel] = field(default_factory=dict)
+    routes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def get(self, name: str) -> RegisteredModel:
         """The model of that name.
@@ -271,7 +274,17 @@ def load_registry(path: Path | str) -> ModelRegistry:
         raise ConfigError(f"model registry {file} needs a non-empty 'models:' mapping of names to models")
     base = file.resolve().parent
     where = str(file)
-    return ModelRegistry(file, {str(n): _entry(n, e, base, where) for n, e in models.items()})
+    routes = document.get("routes") or {}
+    if not isinstance(routes, dict):
+        raise ConfigError(f"model registry {file}: 'routes:' must map names to routes")
+    for name, entry in routes.items():
+        if not _NAME.fullmatch(str(name)) or str(name) in models:
+            raise ConfigError(f"{where}: route name {name!r} must match [a-z_][a-z0-9_]* and differ from "
+                              "every model's name")
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: route {name}: expected a mapping, got {type(entry).__name__}")
+    return ModelRegistry(file, {str(n): _entry(n, e, base, where) for n, e in models.items()},
+                         {str(n): e for n, e in routes.items()})
 
 
 def registry_from_env() -> ModelRegistry:

@@ -37,11 +37,13 @@ from pyflink_aisp.errors import AispError, ConfigError
 from pyflink_aisp.inference import ModelHandler
 from pyflink_aisp.outcome import Reason
 from pyflink_aisp.pipeline._build import build_pipeline, make_environment
-from pyflink_aisp.pipeline._config import PipelineOptions
+from pyflink_aisp.pipeline._config import InferenceOptions, PipelineOptions
 from pyflink_aisp.pipeline._failfast import TERMINAL, check_dead_letter_rate, wait_failing_fast
 from pyflink_aisp.pipeline._handlers import handler_for, model_assets
 from pyflink_aisp.pipeline._plan import InputPlan, group_or_earliest, plan_input, rest_url
+from pyflink_aisp.pipeline._registry import load_registry
 from pyflink_aisp.pipeline._remote_options import RemoteApi
+from pyflink_aisp.pipeline._routes import route_plan
 from pyflink_aisp.pipeline._watch import likely_fix
 
 __all__ = ["model_files", "run_job"]
@@ -51,7 +53,7 @@ _CLIENT_KEYS = ("execution.target", "execution.attached", "rest.address", "rest.
                 "jobmanager.rpc.address")
 
 
-def model_files(options: PipelineOptions) -> dict[str, str]:
+def model_files(options: InferenceOptions) -> dict[str, str]:
     """File name → sha256 of the model and tokenizer the options load (lineage to the weights);
     for ``--handler``, its ``module:Class`` → the handler's model version (its files are its own).
 
@@ -59,6 +61,11 @@ def model_files(options: PipelineOptions) -> dict[str, str]:
         ConfigError: A file cannot be read, or the handler cannot be built.
         ModelError: The sentiment assets cannot be found or built.
     """
+    route = getattr(options, "route", None)
+    if route is not None:  # every model of the route, by name
+        registry = load_registry(options.models)  # type: ignore[attr-defined]  # a route: PipelineOptions
+        return {f"{name}/{file}": sha for name in route_plan(registry, route).models
+                for file, sha in model_files(registry.get(name).options).items()}
     if options.handler is not None:
         return {options.handler: handler_for(options).model_version()}
     if options.predictor is not None:
