@@ -82,7 +82,11 @@ def confidence_of(probabilities: Any, measure: Confidence) -> float:
     Raises:
         InferenceError: Not a ``(k,)`` vector of finite non-negative numbers with a positive sum.
     """
-    p = np.asarray(probabilities, dtype=np.float64)
+    try:
+        p = np.asarray(probabilities, dtype=np.float64)
+    except (TypeError, ValueError) as exc:  # not numbers, or ragged
+        raise InferenceError(f"a cascade needs (k,) non-negative class probabilities, got {probabilities!r}"
+                             ) from exc
     if p.ndim != 1 or p.size == 0 or not np.all(np.isfinite(p)) or np.any(p < 0) or p.sum() <= 0:
         raise InferenceError(f"a cascade needs (k,) non-negative class probabilities, got {p!r}")
     p = p / p.sum()
