@@ -24,8 +24,8 @@ not), ``escalated`` (passed on by a cascade), and its runtime's, breaker's own.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from itertools import repeat
 from typing import Any
 
@@ -34,8 +34,8 @@ from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 from pyflink_aisp.errors import ConfigError, InferenceError, OperatorNotOpenError, OversizedOutputError
 from pyflink_aisp.inference import Inferred
 from pyflink_aisp.inference.metrics import Window, register_window
-from pyflink_aisp.inference.routing import Routed, RouteNode, RouteRecord, run_route
-from pyflink_aisp.inference.tasks import Task, check_kept_names, render_fields
+from pyflink_aisp.inference.routing import Routed, RouteNode, RouteRecord
+from pyflink_aisp.inference.tasks import Task, check_kept_names
 from pyflink_aisp.kafka import DEFAULT_MAPPING, DecodedRecord, FieldMapping, decode_record
 from pyflink_aisp.outcome import (
     MIN_RECORD_BYTES,
@@ -46,18 +46,13 @@ from pyflink_aisp.outcome import (
     render_scored,
 )
 from pyflink_aisp.pipeline._arrow_op import SCORED_ROW_TYPE
-from pyflink_aisp.pipeline._shell import OperatorShell, WorkerSpec
+from pyflink_aisp.pipeline._route_shell import SCORED_BY, RouteShell
+from pyflink_aisp.pipeline._shell import WorkerSpec
 from pyflink_aisp.pipeline._watch import DeadLetterWatch, DeadLetterWatchConfig
 
-__all__ = ["SCORED_BY", "RoutedInferenceFunction", "routed_inference_udf", "routing_mapping"]
-
-#: The output field that lists the models that scored a record.
-SCORED_BY = "scored_by"
+__all__ = ["RoutedInferenceFunction", "routed_inference_udf", "routing_mapping"]
 
 _COUNTERS = ("recordsIn", "recordsOut", "deadLetters", "arrowBatches", "noRoute")
-_MODEL_COUNTERS = ("records", "scored", "escalated")
-_MODEL_FAILURES = frozenset({Reason.INFERENCE_ERROR, Reason.REMOTE_ERROR, Reason.REMOTE_TIMEOUT,
-                             Reason.INVALID_MODEL_OUTPUT})
 
 
 def routing_mapping(mapping: FieldMapping, fields: Sequence[str]) -> FieldMapping:
@@ -76,25 +71,7 @@ def routing_mapping(mapping: FieldMapping, fields: Sequence[str]) -> FieldMappin
             raise ConfigError(f"the route's rules read nested fields {nested}, which --keep-fields '*' "
                               "does not decode: keep fields by name instead")
         return mapping
-    from dataclasses import replace
-
     return replace(mapping, keep=(*mapping.keep, *extra))
-
-
-class _ModelContext:
-    """A function context whose metric group is ``model.<name>`` of the operator's."""
-
-    def __init__(self, context: Any, name: str) -> None:
-        self._context, self._name = context, name
-
-    def get_task_name(self) -> str:
-        return str(self._context.get_task_name())
-
-    def get_index_of_this_subtask(self) -> int:
-        return int(self._context.get_index_of_this_subtask())
-
-    def get_metric_group(self) -> Any:
-        return self._context.get_metric_group().add_group("model", self._name)
 
 
 class RoutedInferenceFunction(ScalarFunction):  # type: ignore[misc]
@@ -119,25 +96,19 @@ class RoutedInferenceFunction(ScalarFunction):  # type: ignore[misc]
     def __init__(self, node: RouteNode, specs: Mapping[str, WorkerSpec], tasks: Mapping[str, Task], *,
                  fields: Sequence[str] = (), mapping: FieldMapping = DEFAULT_MAPPING,
                  max_record_bytes: int, dead_letters: DeadLetterWatchConfig | None = None) -> None:
-        missing = sorted(set(node.models) - set(specs) | set(node.models) - set(tasks))
-        if missing:
-            raise ConfigError(f"the route's models {missing} have no worker spec or task")
         if max_record_bytes < MIN_RECORD_BYTES:
             raise ConfigError(f"max_record_bytes must be >= {MIN_RECORD_BYTES}, got {max_record_bytes}")
+        self._route = RouteShell(node, specs, tasks)
         for name in node.models:
             check_kept_names(mapping.kept_names, tasks[name])
-            if SCORED_BY in {f.name for f in tasks[name].fields}:
-                raise ConfigError(f"model {name}: an output field named {SCORED_BY} clashes with the route's")
         if SCORED_BY in mapping.kept_names:
             raise ConfigError(f"a kept field named {SCORED_BY} clashes with the route's output field")
-        self._node, self._tasks = node, dict(tasks)
         self._fields = tuple(fields)
         self._mapping = mapping
         self._decoding = routing_mapping(mapping, self._fields)
         self._dropped = frozenset(self._decoding.kept_names) - frozenset(mapping.kept_names)
         self._max_record_bytes = max_record_bytes
         self._dead_letters = dead_letters
-        self._shells = {name: OperatorShell(specs[name], counters=_MODEL_COUNTERS) for name in node.models}
         self._init_state()
 
     def _init_state(self) -> None:
@@ -164,12 +135,7 @@ class RoutedInferenceFunction(ScalarFunction):  # type: ignore[misc]
             AffinityError: A lease could not be taken or applied.
         """
         self._init_state()
-        try:
-            for name, shell in self._shells.items():
-                shell.open(_ModelContext(function_context, name))
-        except BaseException:
-            self.close()
-            raise
+        self._route.open(function_context)
         self._bind_metrics(function_context)
         self._open = True
 
@@ -206,7 +172,7 @@ class RoutedInferenceFunction(ScalarFunction):  # type: ignore[misc]
         decoded = list(map(decode_record, raw, topics, partitions, offsets, repeat(self._decoding), keys))
         good = [i for i, d in enumerate(decoded) if isinstance(d, DecodedRecord)]
         records = [self._route_record(d) for d in decoded if isinstance(d, DecodedRecord)]
-        answers = run_route(self._node, records, self._submit) if records else []
+        answers = self._route.run(records)
         rows = [render_dead_letter(d, self._max_record_bytes) if isinstance(d, DeadLettered) else ("", "")
                 for d in decoded]
         dead = [True] * len(decoded)
@@ -219,15 +185,10 @@ class RoutedInferenceFunction(ScalarFunction):  # type: ignore[misc]
             if letter is not None:
                 letters.append(letter)
         self._count(len(decoded), len(decoded) - sum(dead), answers, start)
-        self._judge(answers)
         self.watch.record(len(decoded), letters)
         sources = [f"{t}/{p}/{o}" for t, p, o in zip(topics, partitions, offsets, strict=True)]
         return pd.DataFrame({"key": [k for k, _ in rows], "value": [v for _, v in rows], "dead": dead,
                              "source": sources})
-
-    def _submit(self, model: str, inputs: Sequence[Any]) -> Any:
-        runtime = self._shells[model].require("RoutedInferenceFunction.eval")
-        return runtime.submit_batch(list(inputs))
 
     def _route_record(self, record: DecodedRecord) -> RouteRecord:
         kept = dict(record.kept)
@@ -249,19 +210,10 @@ class RoutedInferenceFunction(ScalarFunction):  # type: ignore[misc]
 
     def _render_answer(self, record_id: str, answer: Routed, outcome: Inferred,
                        kept: Mapping[str, Any] | None) -> str:
-        task = self._tasks[answer.model]
-        rendered = render_fields(task, outcome.prediction)
+        task, rendered, scored_by = self._route.render(answer, outcome)
         if kept:
             kept = {k: v for k, v in kept.items() if k not in rendered}
         extra_names = [f.name for f in task.fields if f.extra]
-        scored_by = []
-        for step in answer.trail:
-            entry: dict[str, Any] = {"model": step.model, "model_sha256": step.outcome.model_version}
-            if step.confidence is not None:
-                entry["confidence"] = step.confidence
-            if step.joined:
-                entry["output"] = dict(render_fields(self._tasks[step.model], step.outcome.prediction))
-            scored_by.append(entry)
         own = {k: v for k, v in rendered.items() if k not in extra_names}
         extra = {**{k: rendered[k] for k in extra_names}, SCORED_BY: scored_by}
         return render_scored(record_id, own, outcome.model_version, extra=extra, kept=kept,
@@ -274,37 +226,11 @@ class RoutedInferenceFunction(ScalarFunction):  # type: ignore[misc]
         self.counts["arrowBatches"] += 1
         self.counts["noRoute"] += sum(1 for a in answers if isinstance(a.outcome, Exception)
                                       and reason_of(a.outcome) is Reason.NO_ROUTE)
-        for answer in answers:
-            if answer.model in self._shells and isinstance(answer.outcome, Inferred):
-                self._shells[answer.model].counts["records"] += 1
-            for step in answer.trail:
-                counts = self._shells[step.model].counts
-                counts["scored"] += 1
-                counts["escalated"] += step.model != answer.model
         self.end_to_end.add((time.perf_counter() - start) * 1e6)
-
-    def _judge(self, answers: Sequence[Routed]) -> None:
-        """Count each model's outcomes in its breaker: a model failure is one of the model's
-        reasons (``inference_error``, ``remote_*``, ``invalid_model_output``)."""
-        totals: Counter[str] = Counter()
-        failed: Counter[str] = Counter()
-        last: dict[str, BaseException] = {}
-        for answer in answers:
-            for step in answer.trail:
-                totals[step.model] += step.model != answer.model  # passed on: its call succeeded
-            if answer.model not in self._shells:
-                continue
-            totals[answer.model] += 1
-            if isinstance(answer.outcome, BaseException) and reason_of(answer.outcome) in _MODEL_FAILURES:
-                failed[answer.model] += 1
-                last[answer.model] = answer.outcome
-        for name, total in totals.items():
-            self._shells[name].judge_many(failed[name], total, last.get(name))
 
     def close(self) -> None:
         """Release every model of the route (and their leases)."""
-        for shell in self._shells.values():
-            shell.close()
+        self._route.close()
         self._open = False
 
 

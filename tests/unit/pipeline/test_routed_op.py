@@ -106,7 +106,7 @@ def _opened(node, handlers: dict[str, VowelHandler], **kwargs: Any) -> RoutedInf
 
 def _calls(function: RoutedInferenceFunction, model: str) -> list[str]:
     """The texts the worker's copy of the model's handler scored, in call order."""
-    runtime = function._shells[model].runtime
+    runtime = function._route.shells[model].runtime
     assert runtime is not None
     return [t for call in runtime.handler.calls for t in call]
 
@@ -167,7 +167,7 @@ def test_a_cascade_escalates_only_unsure_records_and_names_both_models() -> None
             assert doc["model_sha256"] == "b" * 64
         else:
             assert doc["scored_by"] == [first] and doc["model_sha256"] == "a" * 64
-    shells = function._shells
+    shells = function._route.shells
     assert shells["a"].counts == {"records": len(TEXTS) - len(unsure), "scored": len(TEXTS),
                                   "escalated": len(unsure)}
     assert shells["b"].counts == {"records": len(unsure), "scored": len(unsure), "escalated": 0}
