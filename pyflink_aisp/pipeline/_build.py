@@ -38,6 +38,7 @@ from pyflink.table.expressions import col, lit, map_
 
 from pyflink_aisp.errors import ConfigError, DecodeError, KafkaError
 from pyflink_aisp.inference import ModelHandler
+from pyflink_aisp.inference.routing import RuleNode
 from pyflink_aisp.inference.tasks import Task, check_kept_names, check_task, render_prediction
 from pyflink_aisp.jars import connector_jars
 from pyflink_aisp.kafka import (
@@ -60,7 +61,7 @@ from pyflink_aisp.pipeline._async_op import BatchedInferenceFunction
 from pyflink_aisp.pipeline._config import PipelineOptions
 from pyflink_aisp.pipeline._handlers import handler_for
 from pyflink_aisp.pipeline._identity import check_no_live_job
-from pyflink_aisp.pipeline._options import Runner
+from pyflink_aisp.pipeline._options import RouteOperators, Runner
 from pyflink_aisp.pipeline._plan import InputPlan, plan_input
 from pyflink_aisp.pipeline._preflight import (
     check_connector_jars,
@@ -68,7 +69,7 @@ from pyflink_aisp.pipeline._preflight import (
     check_model_paths,
     check_python,
 )
-from pyflink_aisp.pipeline._routed_op import RoutedInferenceFunction, routed_inference_udf
+from pyflink_aisp.pipeline._routed_op import RoutedInferenceFunction, route_branches, routed_inference_udf
 from pyflink_aisp.pipeline._routes import RoutePlan, route_plan
 from pyflink_aisp.pipeline._settings import flink_settings
 from pyflink_aisp.pipeline._shell import WorkerSpec
@@ -237,18 +238,28 @@ def _raw_table(t_env: StreamTableEnvironment, options: PipelineOptions, servers:
 def _routed_table(t_env: StreamTableEnvironment, options: PipelineOptions, servers: str,
                   routes: RoutePlan, max_record_bytes: int, plan: InputPlan) -> Table:
     """Source → decode + route + inference (:class:`RoutedInferenceFunction`): ``(key, value,
-    dead, source)``. Each model's worker spec from its registry options; a lease (``--affinity-url``)
-    for the first model only."""
+    dead, source)``. A rule route with ``--route-operators per-rule``: one operator per rule (and
+    the default) over the same source, their outputs united; else one operator. Each model's
+    worker spec from its registry options; a lease (``--affinity-url``) for the first model only."""
     specs = {}
     for i, (name, model) in enumerate(routes.models.items()):
         o = model.options
         specs[name] = WorkerSpec.of(model.handler(), batching=o.batching(), swap=o.swap(),
                                     breaker=o.breaker(), affinity=options.affinity() if i == 0 else None)
-    function = RoutedInferenceFunction(routes.node, specs, routes.tasks, fields=routes.fields,
-                                       mapping=options.field_mapping(), max_record_bytes=max_record_bytes,
-                                       dead_letters=options.dead_letter_watch())
     raw = _raw_table(t_env, options, servers, plan)
-    return raw.map(routed_inference_udf(function)).alias("key", "value", "dead", "source")
+    per_rule = isinstance(routes.node, RuleNode) and options.route_operators is RouteOperators.PER_RULE
+    branches = route_branches(routes.node) if isinstance(routes.node, RuleNode) and per_rule else [None]
+    scored: Table | None = None
+    for branch in branches:
+        node = routes.node if branch is None else branch.target
+        function = RoutedInferenceFunction(node, {m: specs[m] for m in node.models}, routes.tasks,
+                                           fields=routes.fields, mapping=options.field_mapping(),
+                                           max_record_bytes=max_record_bytes,
+                                           dead_letters=options.dead_letter_watch(), branch=branch)
+        table = raw.map(routed_inference_udf(function)).alias("key", "value", "dead", "source")
+        scored = table if scored is None else scored.union_all(table)
+    assert scored is not None
+    return scored
 
 
 def _scored_table(

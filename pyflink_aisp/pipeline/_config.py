@@ -42,6 +42,7 @@ from pyflink_aisp.pipeline._options import (
     OptionGroup,
     Precision,
     RestartStrategy,
+    RouteOperators,
     Runner,
     RuntimeMode,
     device_value,
@@ -473,6 +474,10 @@ class PipelineOptions(InferenceOptions):
     route: str | None = opt(None, J, 'The route of --models the job runs instead of one model: a rule '
         'router or a model cascade over its models (docs/routing.md); each model keeps its own options and '
         'batcher. Runs on --operator arrow.', nullable=True)
+    route_operators: RouteOperators = opt(RouteOperators.PER_RULE, J, 'A rule route in the job graph: '
+        'per-rule: an operator per rule (and the default), each scoring its own records (a slow model '
+        "holds back only its own); one: one operator for the whole route (each record crosses to Python "
+        'once).')
     keep_fields: str | None = opt(None, J, "Fields of the input record copied unchanged into each output, "
         "after its id: comma-separated JSON Pointers, each written under its last name (/meta/lang -> "
         "lang; null where a record has none); '*': every top-level field but the text's and the id's.")

@@ -70,6 +70,18 @@ class RestartStrategy(enum.StrEnum):
     FAILURE_RATE = "failure-rate"            # a fixed wait, a cap on failures per interval
 
 
+class RouteOperators(enum.StrEnum):
+    """How a rule route's models are laid out in the job graph (``--route-operators``).
+
+    ``PER_RULE``: one Python operator per rule (and the default), each reading every record and
+    scoring its own: a slow rule's model holds back only its own records. ``ONE``: one operator
+    for the whole route (each record crosses to Python once). A cascade always runs in one.
+    """
+
+    PER_RULE = "per-rule"
+    ONE = "one"
+
+
 class Runner(enum.StrEnum):
     """How the job's inference operator takes records (``--operator``).
 

@@ -25,16 +25,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Any
 
 from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
-from pyflink_aisp.errors import ConfigError, InferenceError, OperatorNotOpenError, OversizedOutputError
+from pyflink_aisp.errors import (
+    ConfigError,
+    InferenceError,
+    NoRouteError,
+    OperatorNotOpenError,
+    OversizedOutputError,
+)
 from pyflink_aisp.inference import Inferred
 from pyflink_aisp.inference.metrics import Window, register_window
-from pyflink_aisp.inference.routing import Routed, RouteNode, RouteRecord
+from pyflink_aisp.inference.routing import Routed, RouteNode, RouteRecord, RuleNode
 from pyflink_aisp.inference.tasks import Task, check_kept_names
 from pyflink_aisp.kafka import DEFAULT_MAPPING, DecodedRecord, FieldMapping, decode_record
 from pyflink_aisp.outcome import (
@@ -50,7 +56,8 @@ from pyflink_aisp.pipeline._route_shell import SCORED_BY, RouteShell
 from pyflink_aisp.pipeline._shell import WorkerSpec
 from pyflink_aisp.pipeline._watch import DeadLetterWatch, DeadLetterWatchConfig
 
-__all__ = ["RoutedInferenceFunction", "routed_inference_udf", "routing_mapping"]
+__all__ = ["RouteBranch", "RoutedInferenceFunction", "route_branches", "routed_inference_udf",
+           "routing_mapping"]
 
 _COUNTERS = ("recordsIn", "recordsOut", "deadLetters", "arrowBatches", "noRoute")
 
@@ -74,6 +81,46 @@ def routing_mapping(mapping: FieldMapping, fields: Sequence[str]) -> FieldMappin
     return replace(mapping, keep=(*mapping.keep, *extra))
 
 
+@dataclass(frozen=True)
+class RouteBranch:
+    """One rule's records of a rule route, scored by an operator of their own: the route's
+    operators then hold back only their own records (a slow model's branch does not delay another
+    branch's outputs; they share the source and its backpressure).
+
+    Attributes:
+        rules: The route's top rule node.
+        index: The rule whose records this operator scores; ``len(rules.rules)``: the default's.
+        letters: This operator writes the decode dead letters and the ``no_route`` ones (one
+            operator of a route does).
+
+    Raises:
+        ConfigError: ``index`` is not a rule's, nor the default's of a route that has one.
+    """
+
+    rules: RuleNode
+    index: int
+    letters: bool = False
+
+    def __post_init__(self) -> None:
+        last = len(self.rules.rules) if self.rules.default is not None else len(self.rules.rules) - 1
+        if not 0 <= self.index <= last:
+            raise ConfigError(f"branch {self.index} is not a rule of the route (0..{last})")
+
+    @property
+    def target(self) -> RouteNode:
+        """Where this branch's records go."""
+        if self.index < len(self.rules.rules):
+            return self.rules.rules[self.index].to
+        assert self.rules.default is not None  # __post_init__
+        return self.rules.default
+
+
+def route_branches(rules: RuleNode) -> list[RouteBranch]:
+    """One :class:`RouteBranch` per rule (and the default), the first writing the dead letters."""
+    count = len(rules.rules) + (rules.default is not None)
+    return [RouteBranch(rules, i, letters=i == 0) for i in range(count)]
+
+
 class RoutedInferenceFunction(ScalarFunction):  # type: ignore[misc]
     """Decode, route, infer and render one Arrow batch of raw Kafka records.
 
@@ -86,6 +133,7 @@ class RoutedInferenceFunction(ScalarFunction):  # type: ignore[misc]
         mapping: Where each record's text and id are, and the fields its output keeps.
         max_record_bytes: Most UTF-8 bytes of key + value a sink can write.
         dead_letters: When the dead-letter watch warns or fails the job.
+        branch: Score only this branch's records (``node`` is its target); None: every record.
 
     Raises:
         ConfigError: A model of the route without a spec or task, ``max_record_bytes`` below
@@ -95,7 +143,8 @@ class RoutedInferenceFunction(ScalarFunction):  # type: ignore[misc]
 
     def __init__(self, node: RouteNode, specs: Mapping[str, WorkerSpec], tasks: Mapping[str, Task], *,
                  fields: Sequence[str] = (), mapping: FieldMapping = DEFAULT_MAPPING,
-                 max_record_bytes: int, dead_letters: DeadLetterWatchConfig | None = None) -> None:
+                 max_record_bytes: int, dead_letters: DeadLetterWatchConfig | None = None,
+                 branch: RouteBranch | None = None) -> None:
         if max_record_bytes < MIN_RECORD_BYTES:
             raise ConfigError(f"max_record_bytes must be >= {MIN_RECORD_BYTES}, got {max_record_bytes}")
         self._route = RouteShell(node, specs, tasks)
@@ -109,6 +158,7 @@ class RoutedInferenceFunction(ScalarFunction):  # type: ignore[misc]
         self._dropped = frozenset(self._decoding.kept_names) - frozenset(mapping.kept_names)
         self._max_record_bytes = max_record_bytes
         self._dead_letters = dead_letters
+        self._branch = branch
         self._init_state()
 
     def _init_state(self) -> None:
@@ -172,11 +222,15 @@ class RoutedInferenceFunction(ScalarFunction):  # type: ignore[misc]
         decoded = list(map(decode_record, raw, topics, partitions, offsets, repeat(self._decoding), keys))
         good = [i for i, d in enumerate(decoded) if isinstance(d, DecodedRecord)]
         records = [self._route_record(d) for d in decoded if isinstance(d, DecodedRecord)]
-        answers = self._route.run(records)
+        mine = [True] * len(decoded)  # the rows this operator writes (all but other branches' own)
+        if self._branch is not None:
+            good, records, answers = self._branch_answers(good, records, mine)
+        else:
+            answers = self._route.run(records)
         rows = [render_dead_letter(d, self._max_record_bytes) if isinstance(d, DeadLettered) else ("", "")
                 for d in decoded]
-        dead = [True] * len(decoded)
-        letters = [d for d in decoded if isinstance(d, DeadLettered)]
+        dead: list[bool | None] = [True if m else None for m in mine]
+        letters = [d for d, m in zip(decoded, mine, strict=True) if isinstance(d, DeadLettered) and m]
         for i, answer in zip(good, answers, strict=True):
             record = decoded[i]
             assert isinstance(record, DecodedRecord)
@@ -184,11 +238,40 @@ class RoutedInferenceFunction(ScalarFunction):  # type: ignore[misc]
             dead[i] = letter is not None
             if letter is not None:
                 letters.append(letter)
-        self._count(len(decoded), len(decoded) - sum(dead), answers, start)
-        self.watch.record(len(decoded), letters)
+        written = sum(mine)
+        self._count(written, written - len(letters), answers, start)
+        self.watch.record(written, letters)
         sources = [f"{t}/{p}/{o}" for t, p, o in zip(topics, partitions, offsets, strict=True)]
         return pd.DataFrame({"key": [k for k, _ in rows], "value": [v for _, v in rows], "dead": dead,
                              "source": sources})
+
+    def _branch_answers(self, good: list[int], records: list[RouteRecord], mine: list[bool]
+                        ) -> tuple[list[int], list[RouteRecord], list[Routed]]:
+        """This branch's records of the batch and their answers; ``mine`` is cleared for the rows
+        other operators write (other branches' records; the decode and ``no_route`` dead letters
+        unless this operator writes them)."""
+        assert self._branch is not None
+        branch = self._branch
+        if not branch.letters:
+            mine[:] = [False] * len(mine)
+        taken: list[int] = []
+        missed: list[int] = []
+        for j, (row, record) in enumerate(zip(good, records, strict=True)):
+            index = branch.rules.branch(record)
+            if index == branch.index:
+                taken.append(j)
+            elif index == len(branch.rules.rules) and branch.rules.default is None and branch.letters:
+                missed.append(j)
+            else:
+                mine[row] = False
+                continue
+            mine[row] = True
+        answers = dict(zip(taken, self._route.run([records[j] for j in taken]), strict=True))
+        for j in missed:
+            answers[j] = Routed("", NoRouteError("no_route", "no rule takes the record and the route has "
+                                                 "no default"))
+        kept = sorted(answers)
+        return [good[j] for j in kept], [records[j] for j in kept], [answers[j] for j in kept]
 
     def _route_record(self, record: DecodedRecord) -> RouteRecord:
         kept = dict(record.kept)

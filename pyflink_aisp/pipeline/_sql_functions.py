@@ -83,7 +83,10 @@ __all__ = [
     "AsyncSentimentFunction",
     "PandasModelFunction",
     "PandasSentimentFunction",
+    "failure_columns",
+    "result_frame",
     "result_row_type",
+    "row_type",
     "sentiment_label",
     "sql_data_type",
 ]
@@ -108,11 +111,37 @@ def sql_data_type(field: OutputField) -> Any:
     return _DATA_TYPES[field.sql_type]()
 
 
+def row_type(fields: Sequence[OutputField], trailer: Sequence[str] = _TRAILER) -> Any:
+    """``ROW<fields..., trailer STRING...>``: a SQL function's result type (the trailer's
+    fields are ``STRING``)."""
+    return DataTypes.ROW([DataTypes.FIELD(f.name, sql_data_type(f)) for f in fields]
+                         + [DataTypes.FIELD(name, DataTypes.STRING()) for name in trailer])
+
+
 def result_row_type(task: Task) -> Any:
     """``ROW<task fields..., model_sha256 STRING, reason STRING, detail STRING>``: the
     result type of a SQL function serving ``task``."""
-    fields = [DataTypes.FIELD(f.name, sql_data_type(f)) for f in task.fields]
-    return DataTypes.ROW(fields + [DataTypes.FIELD(name, DataTypes.STRING()) for name in _TRAILER])
+    return row_type(task.fields)
+
+
+def failure_columns(error: BaseException) -> tuple[str, str]:
+    """``(reason, detail)`` of a row that got no result: the dead letters' reason
+    (:func:`~pyflink_aisp.outcome.reason_of`) and ``'<type>: <message>'``, cut to
+    :data:`~pyflink_aisp.outcome.MAX_DETAIL_CHARS`."""
+    return reason_of(error).value, f"{type(error).__name__}: {error}"[:MAX_DETAIL_CHARS]
+
+
+def result_frame(rows: Sequence[tuple[Any, ...]], columns: Sequence[str],
+                 fields: Sequence[OutputField]) -> Any:
+    """A pandas function's result: ``(n, len(columns))`` DataFrame of ``rows`` (object columns;
+    ``fields`` of type ``DOUBLE`` as float64, NULL as NaN, which PyFlink writes as NULL)."""
+    import pandas as pd
+
+    frame = pd.DataFrame(list(rows), columns=list(columns), dtype=object)
+    for field in fields:
+        if field.sql_type is SqlType.DOUBLE:
+            frame[field.name] = frame[field.name].astype("float64")
+    return frame
 
 
 #: What the sentiment functions serve: the sentiment task without the embedding.
@@ -284,9 +313,7 @@ class _Rows:
         return (*(rendered[f.name] for f in self.task.fields), inferred.model_version, None, None)
 
     def failed(self, error: BaseException, version: str | None) -> tuple[Any, ...]:
-        blank = (None,) * len(self.task.fields)
-        detail = f"{type(error).__name__}: {error}"[:MAX_DETAIL_CHARS]
-        return (*blank, version, reason_of(error).value, detail)
+        return (*(None,) * len(self.task.fields), version, *failure_columns(error))
 
     def of(self, outcome: Inferred | BaseException, version: str | None
            ) -> tuple[tuple[Any, ...], BaseException | None]:
@@ -299,14 +326,8 @@ class _Rows:
         return self.failed(outcome, version), outcome
 
     def frame(self, rows: list[tuple[Any, ...]]) -> Any:
-        """The pandas function's result: one column per field, numbers as float64/Int64."""
-        import pandas as pd
-
-        frame = pd.DataFrame(rows, columns=self.columns, dtype=object)
-        for field in self.task.fields:
-            if field.sql_type is SqlType.DOUBLE:
-                frame[field.name] = frame[field.name].astype("float64")
-        return frame
+        """The pandas function's result (:func:`result_frame`)."""
+        return result_frame(rows, self.columns, self.task.fields)
 
 
 class AsyncModelFunction(AsyncScalarFunction):  # type: ignore[misc]

@@ -24,6 +24,16 @@ the ``aisp.*`` job parameters; it is resolved when the SQL client plans the stat
 registry is read there, the model's task read from its files) and ships to the workers with
 its options, so the workers need the model files at the same paths, not the registry.
 Several functions of one job each have their own model and batcher in a Python worker.
+
+Each route ``NAME`` of the file (``routes:``, :mod:`pyflink_aisp.pipeline._routes`) is a function
+too, vectorized (``NAME_pandas`` names the same one): ``NAME(text, field values...)`` scores each
+row with the models its route names, and no other, and returns the union of their fields with
+``model_sha256, scored_by, reason, detail`` (:mod:`pyflink_aisp.pipeline._sql_routes`; a
+``CASE`` over two model functions calls both for every row: docs/sql.md)::
+
+    CREATE TEMPORARY SYSTEM FUNCTION by_kind AS 'pyflink_aisp.pipeline.registry.by_kind' LANGUAGE PYTHON;
+    SELECT id, r.label, r.scored_by FROM (SELECT id, by_kind(`text`, kind) AS r FROM tickets);
+
 Importing this module needs PyFlink.
 """
 
@@ -36,9 +46,11 @@ from pyflink.table.udf import udf
 
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.pipeline._registry import ModelTask, RegisteredModel, registry_from_env
+from pyflink_aisp.pipeline._routes import route_plan
 from pyflink_aisp.pipeline._sql_functions import AsyncModelFunction, PandasModelFunction, result_row_type
+from pyflink_aisp.pipeline._sql_routes import route_udf
 
-__all__ = ["model_udf"]
+__all__ = ["model_udf", "route_udf"]
 
 _PANDAS = "_pandas"
 
@@ -68,16 +80,21 @@ def model_udf(model: RegisteredModel, *, vectorized: bool = False) -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    """``NAME`` / ``NAME_pandas``: the function of the registry's model ``NAME`` (PEP 562).
+    """``NAME`` / ``NAME_pandas``: the function of the registry's model or route ``NAME`` (PEP 562).
 
     Raises:
-        AttributeError: No such model in ``$AISP_MODELS`` (or no registry): Flink reports it
-            when the ``CREATE FUNCTION`` statement is planned.
+        AttributeError: No such model or route in ``$AISP_MODELS`` (or no registry), or a route
+            refused (:func:`~pyflink_aisp.pipeline._sql_routes.route_udf`): Flink reports it when
+            the ``CREATE FUNCTION`` statement is planned.
+        ModelError: A model's files are not a model of its task.
     """
     if name.startswith("__"):
         raise AttributeError(name)
     try:
         registry = registry_from_env()
+        route = name[: -len(_PANDAS)] if name.endswith(_PANDAS) and name not in registry.routes else name
+        if route in registry.routes:
+            return route_udf(route_plan(registry, route))
         if name not in registry.models and name.endswith(_PANDAS):
             return model_udf(registry.get(name[: -len(_PANDAS)]), vectorized=True)
         return model_udf(registry.get(name))

@@ -149,6 +149,7 @@ def test_a_record_no_rule_takes_is_a_no_route_dead_letter() -> None:
     assert letter["reason"] == "no_route" and letter["id"] == "2"
     assert function.counts["noRoute"] == 1 and function.counts["recordsOut"] == 1
     assert _calls(function, "a") == ["queue"]
+    function.close()
 
 
 def test_a_cascade_escalates_only_unsure_records_and_names_both_models() -> None:
@@ -171,6 +172,7 @@ def test_a_cascade_escalates_only_unsure_records_and_names_both_models() -> None
     assert shells["a"].counts == {"records": len(TEXTS) - len(unsure), "scored": len(TEXTS),
                                   "escalated": len(unsure)}
     assert shells["b"].counts == {"records": len(unsure), "scored": len(unsure), "escalated": 0}
+    function.close()
 
 
 def test_a_kept_field_named_scored_by_is_refused() -> None:
@@ -247,3 +249,39 @@ def test_bad_routes_are_refused_in_one_line(lexicon_registry: Path, route: str, 
     with pytest.raises(ConfigError, match=message) as error:
         route_plan(lexicon_registry, "unsure2")
     assert str(error.value).startswith(f"{lexicon_registry}: route unsure2: ")
+
+
+def test_per_rule_operators_write_each_record_once_between_them() -> None:
+    """--route-operators per-rule: each branch's operator scores its own records; the first also
+    writes the dead letters (decode, no_route); the rows an operator does not write have dead NULL
+    (the sinks' filters drop them)."""
+    from pyflink_aisp.pipeline._routed_op import RouteBranch, route_branches
+
+    a, b = VowelHandler("a" * 64), VowelHandler("b" * 64)
+    rules = RuleNode((Rule(Condition(field="/kind", equals=("short",)), ModelNode("b")),
+                      Rule(Condition(field="/kind", equals=("long",)), ModelNode("a"))))
+    branches = route_branches(rules)
+    assert [(x.index, x.letters, x.target) for x in branches] == [(0, True, ModelNode("b")),
+                                                                    (1, False, ModelNode("a"))]
+    with pytest.raises(ConfigError, match="not a rule of the route"):
+        RouteBranch(rules, 2)
+    records = [{"id": f"r{i}", "text": t, "kind": ("short", "long", "other")[i % 3]}
+               for i, t in enumerate(TEXTS)]
+    frame = _frame([*records, b"\xff"])
+    outs = []
+    for branch, handlers in zip(branches, ({"b": b}, {"a": a}), strict=True):
+        function = _opened(branch.target, handlers, fields=("/kind",), branch=branch)
+        outs.append(function.eval(frame))
+        assert _calls(function, next(iter(handlers))) == [
+            r["text"] for r in records if r["kind"] == ("short" if branch.index == 0 else "long")]
+        function.close()
+    written = [[d for d in out["dead"]] for out in outs]
+    for row in range(len(records) + 1):
+        writers = [i for i, column in enumerate(written) if column[row] is not None]
+        assert len(writers) == 1, (row, written)  # exactly one operator writes each record
+    first = outs[0]
+    letters = {json.loads(v)["reason"] for v, d in zip(first["value"], first["dead"], strict=True) if d}
+    assert letters == {"no_route", "invalid_utf8"}
+    scored = [json.loads(v) for out in outs for v, d in zip(out["value"], out["dead"], strict=True)
+              if d is False]
+    assert sorted(d["id"] for d in scored) == sorted(r["id"] for r in records if r["kind"] != "other")
