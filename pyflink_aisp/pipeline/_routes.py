@@ -56,8 +56,8 @@ _STAGE_KEYS = {"model", "confidence", "below"}
 
 
 class TokenCount:
-    """Counts a text's tokens with a HF ``tokenizer.json`` (special tokens included), loaded on
-    first use: picklable into the job graph.
+    """Counts a text's tokens with a HF ``tokenizer.json`` (special tokens included; the file's
+    padding and truncation settings off), loaded on first use: picklable into the job graph.
 
     Args:
         path: The ``tokenizer.json``.
@@ -83,7 +83,10 @@ class TokenCount:
         if self._tokenizer is None:
             from tokenizers import Tokenizer
 
-            self._tokenizer = Tokenizer.from_file(str(self.path))
+            tokenizer = Tokenizer.from_file(str(self.path))
+            tokenizer.no_padding()  # a file saved with padding or truncation would count its length
+            tokenizer.no_truncation()
+            self._tokenizer = tokenizer
         return len(self._tokenizer.encode(text).ids)
 
 

@@ -285,3 +285,19 @@ def test_per_rule_operators_write_each_record_once_between_them() -> None:
     scored = [json.loads(v) for out in outs for v, d in zip(out["value"], out["dead"], strict=True)
               if d is False]
     assert sorted(d["id"] for d in scored) == sorted(r["id"] for r in records if r["kind"] != "other")
+
+
+def test_token_count_ignores_the_files_padding_and_truncation(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from pyflink_aisp.pipeline._routes import TokenCount
+
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "[PAD]": 1, "good": 2, "film": 3}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.enable_padding(pad_id=1, pad_token="[PAD]", length=16)
+    tokenizer.enable_truncation(max_length=4)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    count = pickle.loads(pickle.dumps(TokenCount(tmp_path / "tokenizer.json")))
+    assert [count("good film"), count("good " * 7), count("")] == [2, 7, 0]
+    with pytest.raises(ConfigError, match="does not exist"):
+        TokenCount(tmp_path / "nope.json")
