@@ -9,11 +9,14 @@ counts each model's part and feeds its breaker, and renders an answer's fields a
 (:mod:`~pyflink_aisp.pipeline._routed_op`) and by the registry's route SQL functions.
 
 Per-model metrics (group ``model.<name>.aisp``): ``records`` (answered), ``scored`` (scored,
-answering or not), ``escalated`` (passed on by a cascade), and the model's runtime and breaker's.
+answering or not), ``escalated`` (passed on by a cascade), ``callUs`` P50/P99/Max (each call of
+the model with its records of an Arrow batch, submit to answer, µs), and the model's runtime and
+breaker's (batch sizes, queue wait, compute; a remote model's requests, tokens and cost).
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -76,7 +79,8 @@ class RouteShell:
                 raise ConfigError(f"model {name}: an output field named {SCORED_BY} clashes with the route's")
         self.node = node
         self.tasks = {name: tasks[name] for name in node.models}
-        self.shells = {name: OperatorShell(specs[name], counters=_MODEL_COUNTERS) for name in node.models}
+        self.shells = {name: OperatorShell(specs[name], counters=_MODEL_COUNTERS, windows=("callUs",))
+                       for name in node.models}
 
     def open(self, context: Any) -> None:
         """Acquire every model (in route order); on failure release those taken.
@@ -93,7 +97,12 @@ class RouteShell:
             raise
 
     def _submit(self, model: str, inputs: Sequence[Any]) -> Future[list[Inferred | BaseException]]:
-        return self.shells[model].require("route").submit_batch(list(inputs))
+        shell = self.shells[model]
+        start = time.perf_counter()
+        future = shell.require("route").submit_batch(list(inputs))
+        window = shell.windows["callUs"]
+        future.add_done_callback(lambda _: window.add((time.perf_counter() - start) * 1e6))
+        return future
 
     def run(self, records: Sequence[RouteRecord]) -> list[Routed]:
         """Every record's answer (in order), counted per model and judged by each model's breaker.

@@ -100,7 +100,8 @@ def _opened(node, handlers: dict[str, VowelHandler], **kwargs: Any) -> RoutedInf
     tasks = {n: h.task() for n, h in handlers.items()}
     function = RoutedInferenceFunction(node, specs, tasks, max_record_bytes=100_000, **kwargs)
     function = pickle.loads(pickle.dumps(function))  # as the job graph carries it
-    function.open(Context())
+    function.context = Context()  # type: ignore[attr-defined]
+    function.open(function.context)
     return function
 
 
@@ -172,6 +173,12 @@ def test_a_cascade_escalates_only_unsure_records_and_names_both_models() -> None
     assert shells["a"].counts == {"records": len(TEXTS) - len(unsure), "scored": len(TEXTS),
                                   "escalated": len(unsure)}
     assert shells["b"].counts == {"records": len(unsure), "scored": len(unsure), "escalated": 0}
+    calls = shells["b"].windows["callUs"]
+    assert calls.percentile(100) > 0 and calls.percentile(50) <= calls.percentile(100)
+    model_b = function.context.group.children[("model", "b")].children[("aisp",)]
+    assert {"records", "scored", "escalated", "callUsP99", "computeUsP99"} <= set(model_b.gauges)
+    assert model_b.gauges["escalated"]() == 0 and model_b.gauges["records"]() == len(unsure)
+    assert {"recordsIn", "noRoute", "endToEndUsP99"} <= set(function.context.group.children[("aisp",)].gauges)
     function.close()
 
 
