@@ -1,7 +1,8 @@
 """``aisp models list|check FILE`` (the model registry) and ``aisp model intent-head``.
 
 ``list`` reads the registry and shows each model's task, source, device, batch size and
-output fields with their SQL types (the fields come from the model's files: a classifier's
+output fields with their SQL types, then each route in one line (``routes:``, checked as a job
+would: every target a model or route, no cycle) (the fields come from the model's files: a classifier's
 ``config.json``, a numeric model's graph); ``check`` also loads every model on its device,
 shows its graph inputs and outputs as ONNX Runtime reports them and runs a probe (two texts,
 or a zero feature vector of the model's width) through it. Either exits 1 with one line for
@@ -55,7 +56,7 @@ def _probe(handler: Any, model: Any, name: str) -> list[str]:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from pyflink_aisp.pipeline import load_registry
+    from pyflink_aisp.pipeline import describe_route, load_registry, route_plan
 
     registry = load_registry(args.file)
     print(f"{registry.path}: {len(registry.models)} model(s)")
@@ -78,6 +79,8 @@ def _cmd_models(args: argparse.Namespace) -> int:
             print("\n".join(_probe(handler, model, name)))
         finally:
             handler.release_model(model)
+    for name in registry.routes:
+        print(f"route {name}: {describe_route(route_plan(registry, name).node)}")
     return 0
 
 

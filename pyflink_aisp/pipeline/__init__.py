@@ -43,6 +43,7 @@ from pyflink_aisp.pipeline._registry import (
     registry_from_env,
 )
 from pyflink_aisp.pipeline._remote_options import RemoteApi
+from pyflink_aisp.pipeline._routes import RoutePlan, describe_route, route_plan
 from pyflink_aisp.pipeline._settings import flink_settings, format_job_parameters, restart_settings
 
 __all__ = [
@@ -63,9 +64,11 @@ __all__ = [
     "RegisteredModel",
     "RemoteApi",
     "RestartStrategy",
+    "RoutePlan",
     "Runner",
     "RuntimeMode",
     "default_bundle_time_ms",
+    "describe_route",
     "flink_settings",
     "format_job_parameters",
     "live_jobs_named",
@@ -77,4 +80,5 @@ __all__ = [
     "registry_from_env",
     "rest_url",
     "restart_settings",
+    "route_plan",
 ]

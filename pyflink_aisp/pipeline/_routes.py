@@ -49,7 +49,7 @@ from pyflink_aisp.inference.routing import (
 from pyflink_aisp.inference.tasks import Task
 from pyflink_aisp.pipeline._registry import ModelRegistry, RegisteredModel, load_registry
 
-__all__ = ["RoutePlan", "TokenCount", "route_plan"]
+__all__ = ["RoutePlan", "TokenCount", "describe_route", "route_plan"]
 
 _WHEN_KEYS = {"field", "equals", "matches", "between", "tokens-between", "tokenizer"}
 _STAGE_KEYS = {"model", "confidence", "below"}
@@ -237,3 +237,25 @@ def route_plan(registry: ModelRegistry | Path | str, name: str) -> RoutePlan:
     node = builder.route(name, [name])
     models = {m: registry.get(m) for m in node.models}
     return RoutePlan(name, node, models, {m: builder.tasks[m] for m in models}, tuple(builder.fields))
+
+
+def _condition_text(condition: Condition) -> str:
+    where = condition.field or "text"
+    tests = [f"equals {list(condition.equals)}" if condition.equals is not None else "",
+             f"matches {condition.matches!r}" if condition.matches is not None else "",
+             f"between {list(condition.between)}" if condition.between is not None else "",
+             "" if condition.tokens_between is None else f"tokens-between {list(condition.tokens_between)}"]
+    return f"{where} " + " and ".join(t for t in tests if t)
+
+
+def describe_route(node: RouteNode) -> str:
+    """One line: where a route sends records (e.g. ``cascade sentiment (margin < 0.3) -> label_llm``)."""
+    if isinstance(node, ModelNode):
+        return node.name
+    if isinstance(node, RuleNode):
+        rules = [f"{_condition_text(r.when)} -> {describe_route(r.to)}" for r in node.rules]
+        default = "no_route dead letter" if node.default is None else describe_route(node.default)
+        return "rules [" + "; ".join([*rules, f"else -> {default}"]) + "]"
+    assert isinstance(node, CascadeNode)
+    stages = [f"{s.model} ({s.measure.value} < {s.below:g})" for s in node.stages]
+    return f"cascade {' -> '.join([*stages, describe_route(node.last)])}, answer {node.answer.value}"

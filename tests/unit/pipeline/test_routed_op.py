@@ -232,6 +232,12 @@ def test_route_plans_of_a_registry(lexicon_registry: Path) -> None:
     assert isinstance(cascade, CascadeNode) and cascade.stages[0].measure is Confidence.ENTROPY
     assert cascade.stages[0].below == 0.2 and cascade.answer.value == "join"
     assert plan.models["lex_b"].options.max_batch_size == 4  # each model keeps its own options
+    from pyflink_aisp.pipeline import describe_route
+
+    assert describe_route(plan.node) == (
+        "rules [/meta/kind equals ['a', 'b'] and matches '^[ab]$' -> lex_a; text between [0, 3] -> cascade "
+        "lex_a (entropy < 0.2) -> lex_b, answer join; else -> cascade lex_a (entropy < 0.2) -> lex_b, "
+        "answer join]")
     with pytest.raises(ConfigError, match="loop_a -> loop_b -> loop_a"):
         route_plan(lexicon_registry, "loop_a")
     with pytest.raises(ConfigError, match="names no route 'nope'"):
