@@ -726,7 +726,7 @@ class PipelineOptions(InferenceOptions):
         namespace = parser.parse_args(argv)
         try:
             values = {o.name: getattr(namespace, o.name) for o in OPTIONS}
-            if values["models"] is not None and values["model"] is not None:
+            if values["models"] is not None and values["model"] is not None and values["route"] is None:
                 if model_options is None:
                     raise ConfigError("--models is read by pyflink_aisp.pipeline.options_from_args, "
                                       "not by PipelineOptions.from_args")

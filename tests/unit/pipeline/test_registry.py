@@ -181,10 +181,19 @@ def test_generate_and_embed_entries_on_an_openai_server_build_their_handlers(tmp
     assert isinstance(vectors, OpenAIEmbeddingHandler) and vectors.endpoint.url == "http://emb:8080"
 
 
-def test_models_and_model_go_together(tmp_path, head, capsys):
+@pytest.mark.parametrize("flags", [("--model", "risk"), ("--route", "unsure"), ("--models", "m.yaml"),
+                                   ("--models", "m.yaml", "--model", "risk", "--route", "unsure")])
+def test_models_goes_with_one_of_model_and_route(tmp_path, head, capsys, flags):
     with pytest.raises(SystemExit):
-        options_from_args(["--input-topic", "in", "--output-topic", "out", "--model", "risk"])
-    assert "--models FILE and --model NAME go together" in capsys.readouterr().err
+        options_from_args(["--input-topic", "in", "--output-topic", "out", *flags])
+    assert "--models FILE goes with one of --model NAME" in capsys.readouterr().err
+
+
+def test_a_route_runs_on_the_arrow_operator(capsys):
+    with pytest.raises(SystemExit):
+        options_from_args(["--input-topic", "in", "--output-topic", "out", "--models", "m.yaml", "--route",
+                           "unsure", "--operator", "async"])
+    assert "--route runs on --operator arrow" in capsys.readouterr().err
 
 
 def test_the_sql_registry_comes_from_the_environment(tmp_path, head, monkeypatch):
