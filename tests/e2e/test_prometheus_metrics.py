@@ -160,3 +160,62 @@ def _wait_for_job_metrics(urls: tuple[str, ...], deadline_s: float = 120) -> str
                 return url
         assert time.monotonic() < end, f"no aisp metrics on {urls} after {deadline_s} s ({last_error!r})"
         time.sleep(1.0)
+
+
+def _labelled(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Metric name -> (labels, value) samples of one Prometheus endpoint."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode("utf-8")
+    return {family.name: [(s.labels, s.value) for s in family.samples]
+            for family in text_string_to_metric_families(text)}
+
+
+def test_a_cascades_per_model_metrics_count_its_escalations(stack, model_assets, tmp_path):
+    """Issue 26: a cascade (the sentiment model on ONNX Runtime, then the same weights on PyTorch for
+    the records with a margin below 0.5) exports per-model gauges under the label model=<name>: the
+    escalations equal the records whose margin (from the model scoring alone) is below 0.5, and the
+    dashboard's route panels query names the reporter serves."""
+    from pyflink_aisp.inference.handlers import OnnxSentimentModel
+
+    registry = tmp_path / "models.yaml"
+    registry.write_text(f"""
+models:
+  onnx_sentiment: {{task: sentiment, path: {model_assets.directory}}}
+  torch_sentiment: {{task: sentiment, path: {model_assets.directory}, runtime: torch}}
+routes:
+  unsure:
+    cascade: [{{model: onnx_sentiment, confidence: margin, below: 0.5}}, {{model: torch_sentiment}}]
+""")
+    bootstrap = str(stack.status().bootstrap_servers)
+    t_in, t_out = "prom-cascade", "prom-cascade-scores"
+    create_topics(bootstrap, [t_in, t_out])
+    reviews = load_rotten_tomatoes()[:N]
+    assert ingest_records(bootstrap, t_in, [{"id": r.id, "text": r.text} for r in reviews],
+                          progress=False).delivered == N
+    scores, _ = OnnxSentimentModel(model_assets).predict([r.text for r in reviews])
+    unsure = sum(abs(2 * float(s) - 1) < 0.5 for s in scores)
+    assert 0 < unsure < N
+    cmd = stack.flink_run_command(
+        str(ROOT / "jobs" / "review_sentiment.py"), "--bootstrap-servers", bootstrap, "--input-topic", t_in,
+        "--output-topic", t_out, "--models", str(registry), "--route", "unsure",
+        "--checkpoint-interval-ms", "1000", "--job-name", "prom-cascade")
+    cmd.insert(cmd.index("run") + 1, "-d")
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job_id = re.search(r"JobID ([0-9a-f]{32})", proc.stdout).group(1)
+    try:
+        assert len(read_topic(bootstrap, t_out, min_count=N, timeout_s=180, quiet_s=2)) == N
+        url = _wait_for_job_metrics(stack.status().prometheus_urls)
+        _wait_for_total(url, RECORDS_IN, float(N), deadline_s=60)
+        families = _labelled(url)
+        per_model = {name: {s[0].get("model"): s[1] for s in samples}
+                     for name, samples in families.items() if name.endswith(("_escalated", "_records"))}
+        escalated = next(v for k, v in per_model.items() if k.endswith("_escalated"))
+        answered = next(v for k, v in per_model.items() if k.endswith("_records"))
+        assert escalated == {"onnx_sentiment": unsure, "torch_sentiment": 0}, per_model
+        assert answered == {"onnx_sentiment": N - unsure, "torch_sentiment": unsure}, per_model
+        text = (ROOT / "docker" / "grafana" / "aisp-dashboard.json").read_text()
+        route_names = set(re.findall(r"flink_taskmanager_job_task_operator_model_aisp_\w+", text))
+        assert route_names and route_names <= set(families), route_names - set(families)
+    finally:
+        subprocess.run([cmd[0], "cancel", job_id], env=stack.flink_env(), capture_output=True, timeout=120)
