@@ -12,8 +12,9 @@ A route is a tree over named models (:class:`ModelNode`, :class:`RuleNode`,
   the model cascade of FrugalGPT (Chen, Zaharia and Zou, "FrugalGPT", arXiv:2305.05176, 2023),
   here with a fixed confidence measure instead of a learned scorer.
 
-Each node's subsets are submitted before any is waited on, so the models of one batch
-compute at the same time, each in its own batcher (one per model and worker). The answer
+Each node's subsets are submitted before any is waited on, and a cascade submits its next
+stage as soon as its own stage is done (whatever its siblings under a rule do), so the models
+of one batch compute at the same time, each in its own batcher (one per model and worker). The answer
 of a record (:class:`Routed`) names the model that answered and every model that scored
 it (its trail of :class:`Step`), with their versions and confidences.
 """
@@ -25,7 +26,7 @@ import enum
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any
@@ -65,6 +66,9 @@ class Confidence(enum.StrEnum):
 
     The three uncertainty measures of active learning (Settles, "Active Learning Literature
     Survey", University of Wisconsin-Madison CS TR 1648, 2009, section 3.1), as confidences.
+    Scores that are not one distribution (the independent sigmoids of a multi-label head) are
+    normalised to sum 1 first: the measures then compare the labels' relative scores, not
+    calibrated probabilities (``[0.9, 0.9]`` has margin 0).
     """
 
     TOP = "top"  #: the top probability, ``max p``
@@ -154,8 +158,19 @@ class _Pending(abc.ABC):
     """Answers being computed for a batch of records; :meth:`result` waits for them."""
 
     @abc.abstractmethod
+    def waiting(self) -> list[Future[Any]]:
+        """Advance as far as done calls allow (submitting the next calls) without blocking; the
+        calls still needed before :meth:`answers`, empty when it is ready."""
+
+    @abc.abstractmethod
+    def answers(self) -> list[Routed]:
+        """One answer per record, in order; only once :meth:`waiting` is empty."""
+
     def result(self) -> list[Routed]:
-        """One answer per record, in order."""
+        """One answer per record, in order (blocks until every call is done)."""
+        while pending := self.waiting():
+            wait(pending, return_when=FIRST_COMPLETED)
+        return self.answers()
 
 
 class RouteNode(abc.ABC):
@@ -173,10 +188,13 @@ class RouteNode(abc.ABC):
 
 @dataclass(frozen=True)
 class _Done(_Pending):
-    answers: list[Routed]
+    done: list[Routed]
 
-    def result(self) -> list[Routed]:
-        return self.answers
+    def waiting(self) -> list[Future[Any]]:
+        return []
+
+    def answers(self) -> list[Routed]:
+        return self.done
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,11 +203,18 @@ class _Called(_Pending):
     future: Future[list[Inferred | BaseException]]
     n: int
 
-    def result(self) -> list[Routed]:
+    def waiting(self) -> list[Future[Any]]:
+        return [] if self.future.done() else [self.future]
+
+    def answers(self) -> list[Routed]:
         try:
-            outcomes = self.future.result()
+            outcomes: Sequence[Inferred | BaseException] = self.future.result()
         except Exception as exc:  # the whole call failed: each record gets the error
             outcomes = [exc] * self.n
+        if len(outcomes) != self.n:  # a runtime that broke its contract: no record gets another's answer
+            error = InferenceError(f"model {self.model} returned {len(outcomes)} outcomes for "
+                                   f"{self.n} records")
+            outcomes = [error] * self.n
         return [Routed(self.model, o, (Step(self.model, o),) if isinstance(o, Inferred) else ())
                 for o in outcomes]
 
@@ -314,13 +339,15 @@ def _models(nodes: Sequence[RouteNode]) -> tuple[str, ...]:
 class _Gathered(_Pending):
     n: int
     parts: list[tuple[list[int], _Pending]]
-    missed: list[int]
 
-    def result(self) -> list[Routed]:
+    def waiting(self) -> list[Future[Any]]:
+        return [f for _, pending in self.parts for f in pending.waiting()]
+
+    def answers(self) -> list[Routed]:
         out: list[Routed] = [Routed("", NoRouteError("no_route", "no rule takes the record and the route "
                                                      "has no default"))] * self.n
         for rows, pending in self.parts:
-            for row, answer in zip(rows, pending.result(), strict=True):
+            for row, answer in zip(rows, pending.answers(), strict=True):
                 out[row] = answer
         return out
 
@@ -359,7 +386,7 @@ class RuleNode(RouteNode):
             rows[self.branch(record)].append(i)
         parts = [(taken, target.start([records[i] for i in taken], submit))
                  for taken, target in zip(rows, targets, strict=True) if taken and target is not None]
-        return _Gathered(len(records), parts, rows[-1] if self.default is None else [])
+        return _Gathered(len(records), parts)
 
 
 class Answer(enum.StrEnum):
@@ -397,40 +424,63 @@ class CascadeStage:
             raise ConfigError(f"cascade stage {self.model}: below must be in [0, 1], got {self.below!r}")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class _Cascading(_Pending):
+    """A cascade's batch: ``current`` holds the calls of phase ``phase`` (0: the first stage's
+    model on every record; k: the node after stage k-1 on the records it passed on, ``rows``)."""
+
     node: CascadeNode
     records: Sequence[RouteRecord]
-    first: _Pending
+    current: _Pending
     submit: Submit
+    phase: int = 0
+    rows: list[int] = dc_field(default_factory=list)
+    done: list[Routed] = dc_field(default_factory=list)
+    finished: bool = False
 
-    def result(self) -> list[Routed]:
-        answers = self.first.result()
-        rows = list(range(len(answers)))  # the records still in play
-        for stage, after in zip(self.node.stages, self.node.after(), strict=True):
-            onward: list[int] = []
-            for row in rows:
-                answer = answers[row]
-                if not isinstance(answer.outcome, Inferred):
-                    continue
-                try:
-                    probabilities = stage.task.probabilities(answer.outcome.prediction)
-                    score = confidence_of(probabilities, stage.measure)
-                except Exception as exc:  # the prediction is not of its task's shape
-                    error = InferenceError(f"cascade stage {stage.model}: no confidence: "
-                                           f"{type(exc).__name__}: {exc}")
-                    answers[row] = Routed(stage.model, error, answer.trail)
-                    continue
-                joined = self.node.answer is Answer.JOIN
-                trail = (*answer.trail[:-1], Step(stage.model, answer.outcome, score, joined))
-                answers[row] = Routed(answer.model, answer.outcome, trail)
-                if score < stage.below:
-                    onward.append(row)
-            later = after.start([self.records[i] for i in onward], self.submit).result()
-            for row, answer in zip(onward, later, strict=True):
-                answers[row] = Routed(answer.model, answer.outcome, answers[row].trail + answer.trail)
-            rows = onward
-        return answers
+    def waiting(self) -> list[Future[Any]]:
+        while not self.finished:
+            pending = self.current.waiting()
+            if pending:
+                return pending
+            self._advance()
+        return []
+
+    def answers(self) -> list[Routed]:
+        return self.done
+
+    def _advance(self) -> None:
+        """Take the current phase's answers; submit the next stage's records (or finish)."""
+        got = self.current.answers()
+        if self.phase == 0:
+            self.done, self.rows = list(got), list(range(len(got)))
+        else:
+            for row, answer in zip(self.rows, got, strict=True):
+                self.done[row] = Routed(answer.model, answer.outcome, self.done[row].trail + answer.trail)
+        if self.phase == len(self.node.stages):
+            self.finished = True
+            return
+        stage = self.node.stages[self.phase]
+        onward: list[int] = []
+        for row in self.rows:
+            answer = self.done[row]
+            if not isinstance(answer.outcome, Inferred):
+                continue
+            try:
+                probabilities = stage.task.probabilities(answer.outcome.prediction)
+                score = confidence_of(probabilities, stage.measure)
+            except Exception as exc:  # the prediction is not of its task's shape
+                error = InferenceError(f"cascade stage {stage.model}: no confidence: "
+                                       f"{type(exc).__name__}: {exc}")
+                self.done[row] = Routed(stage.model, error, answer.trail)
+                continue
+            joined = self.node.answer is Answer.JOIN
+            trail = (*answer.trail[:-1], Step(stage.model, answer.outcome, score, joined))
+            self.done[row] = Routed(answer.model, answer.outcome, trail)
+            if score < stage.below:
+                onward.append(row)
+        self.current = self.node.after()[self.phase].start([self.records[i] for i in onward], self.submit)
+        self.rows, self.phase = onward, self.phase + 1
 
 
 @dataclass(frozen=True)

@@ -291,6 +291,59 @@ def test_all_branches_are_submitted_before_any_is_waited_on() -> None:
     assert sorted(submitted) == ["a", "b"]
 
 
+def test_sibling_cascades_escalate_without_waiting_for_each_other() -> None:
+    """Two cascades under one rule node: the second's last stage is submitted while the first's
+    last stage is still running (it finishes only once both were submitted)."""
+    submitted: list[str] = []
+    held: dict[str, Future[list[Inferred | BaseException]]] = {}
+    both_last = threading.Event()
+
+    def submit(name: str, inputs: Sequence[Any]) -> Future[list[Inferred | BaseException]]:
+        submitted.append(name)
+        future: Future[list[Inferred | BaseException]] = Future()
+        result = [Inferred(CASCADE_MODELS["a"](x) if name.startswith("a") else [0.0, 1.0], f"sha-{name}")
+                  for x in inputs]
+        if name.startswith("a"):  # first stages answer at once
+            future.set_result(result)
+            return future
+        held[name] = future
+        if len(held) == 2:
+            both_last.set()
+
+        def resolve() -> None:
+            if both_last.wait(timeout=2.0):
+                future.set_result(result)
+            else:
+                future.set_exception(TimeoutError(f"{name}: the other cascade's last stage never came"))
+
+        threading.Thread(target=resolve, daemon=True).start()
+        return future
+
+    def cascade(first: str, last: str) -> CascadeNode:
+        return CascadeNode(stages=(CascadeStage(model=first, task=CLASSES, below=0.75),), last=ModelNode(last))
+
+    node = RuleNode(rules=(Rule(Condition(equals=("x",)), cascade("a1", "b1")),),
+                    default=cascade("a2", "b2"))
+    batch = [RouteRecord(model_input=0.6, text="x"), RouteRecord(model_input=0.6, text="y")]
+    out = run_route(node, batch, submit)
+    assert [r.model for r in out] == ["b1", "b2"]
+    assert [[s.model for s in r.trail] for r in out] == [["a1", "b1"], ["a2", "b2"]]
+    assert sorted(held) == ["b1", "b2"] and submitted[:2] == ["a1", "a2"]
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_a_call_with_the_wrong_number_of_outcomes_fails_its_records(count: int) -> None:
+    def submit(name: str, inputs: Sequence[Any]) -> Future[list[Inferred | BaseException]]:
+        future: Future[list[Inferred | BaseException]] = Future()
+        future.set_result([Inferred(f"{name}", "v")] * count)
+        return future
+
+    out = run_route(ModelNode("m"), [rec("a"), rec("b")], submit)
+    for answer in out:
+        assert isinstance(answer.outcome, InferenceError) and answer.trail == ()
+        assert f"returned {count} outcomes for 2 records" in str(answer.outcome)
+
+
 # --- cascades -----------------------------------------------------------------------------------
 
 XS = [0.9, 0.55, 0.2, 0.5, 0.7]  # model a's TOP confidence: 0.9, 0.55, 0.8, 0.5, 0.7
