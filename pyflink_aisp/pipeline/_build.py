@@ -239,7 +239,8 @@ def _routed_table(t_env: StreamTableEnvironment, options: PipelineOptions, serve
                   routes: RoutePlan, max_record_bytes: int, plan: InputPlan) -> Table:
     """Source → decode + route + inference (:class:`RoutedInferenceFunction`): ``(key, value,
     dead, source)``. A rule route with ``--route-operators per-rule``: one operator per rule (and
-    the default) over the same source, their outputs united; else one operator. Each model's
+    the default) over the same source, each its own task in STREAMING (:func:`_branch_feeds`),
+    their outputs united; else one operator. Each model's
     worker spec from its registry options; a lease (``--affinity-url``) for the first model only."""
     specs = {}
     for i, (name, model) in enumerate(routes.models.items()):
@@ -249,17 +250,30 @@ def _routed_table(t_env: StreamTableEnvironment, options: PipelineOptions, serve
     raw = _raw_table(t_env, options, servers, plan)
     per_rule = isinstance(routes.node, RuleNode) and options.route_operators is RouteOperators.PER_RULE
     branches = route_branches(routes.node) if isinstance(routes.node, RuleNode) and per_rule else [None]
+    feeds = _branch_feeds(t_env, raw, len(branches), streaming=not options.bounded)
     scored: Table | None = None
-    for branch in branches:
+    for branch, feed in zip(branches, feeds, strict=True):
         node = routes.node if branch is None else branch.target
         function = RoutedInferenceFunction(node, {m: specs[m] for m in node.models}, routes.tasks,
                                            fields=routes.fields, mapping=options.field_mapping(),
                                            max_record_bytes=max_record_bytes,
                                            dead_letters=options.dead_letter_watch(), branch=branch)
-        table = raw.map(routed_inference_udf(function)).alias("key", "value", "dead", "source")
+        table = feed.map(routed_inference_udf(function)).alias("key", "value", "dead", "source")
         scored = table if scored is None else scored.union_all(table)
     assert scored is not None
     return scored
+
+
+def _branch_feeds(t_env: StreamTableEnvironment, raw: Table, count: int, *, streaming: bool) -> list[Table]:
+    """The input of each of ``count`` route operators. In STREAMING with more than one, each
+    reads ``raw`` through a ``rescale`` exchange (equal parallelism: subtask i to subtask i, in
+    order), which Flink does not chain across: each route operator is a task (thread) of its
+    own, so a slow model's bundle does not hold the thread of the others (chained, they would
+    share the source's thread). In BATCH, or with one operator, ``raw`` itself (chained)."""
+    if count == 1 or not streaming:
+        return [raw] * count
+    stream = t_env.to_data_stream(raw)
+    return [t_env.from_data_stream(stream.rescale()) for _ in range(count)]
 
 
 def _scored_table(

@@ -475,9 +475,9 @@ class PipelineOptions(InferenceOptions):
         'router or a model cascade over its models (docs/routing.md); each model keeps its own options and '
         'batcher. Runs on --operator arrow.', nullable=True)
     route_operators: RouteOperators = opt(RouteOperators.PER_RULE, J, 'A rule route in the job graph: '
-        'per-rule: an operator per rule (and the default), each scoring its own records (a slow model '
-        "holds back only its own); one: one operator for the whole route (each record crosses to Python "
-        'once).')
+        'per-rule: an operator per rule (and the default), each scoring its own records, in STREAMING each '
+        "a task of its own (a slow model holds back only its own records); one: one operator for the whole "
+        "route (each record crosses to Python once; a slow model's calls delay the others' records).")
     keep_fields: str | None = opt(None, J, "Fields of the input record copied unchanged into each output, "
         "after its id: comma-separated JSON Pointers, each written under its last name (/meta/lang -> "
         "lang; null where a record has none); '*': every top-level field but the text's and the id's.")

@@ -74,8 +74,11 @@ class RouteOperators(enum.StrEnum):
     """How a rule route's models are laid out in the job graph (``--route-operators``).
 
     ``PER_RULE``: one Python operator per rule (and the default), each reading every record and
-    scoring its own: a slow rule's model holds back only its own records. ``ONE``: one operator
-    for the whole route (each record crosses to Python once). A cascade always runs in one.
+    scoring its own; in STREAMING each is a task (thread) of its own behind a ``rescale``
+    exchange, so a slow rule's model holds back only its own records (and the source once its
+    channel's buffers are full). ``ONE``: one operator for the whole route (each record crosses
+    to Python once; a slow model's call holds the records of the others in its bundle). A
+    cascade always runs in one.
     """
 
     PER_RULE = "per-rule"

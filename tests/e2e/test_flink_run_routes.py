@@ -2,8 +2,8 @@
 routes (`--models FILE --route NAME`) over the sentiment model (MiniLM + logistic head, ONNX
 Runtime) and the lexicon handler (jobs/examples, shipped with -pyfs), on real reviews.
 
-* a rule router by a field of the record, BATCH: each record scored by its kind's model, equal to
-  that model scoring it alone;
+* a rule router by a field of the record, BATCH and STREAMING: each record scored by its kind's
+  model, equal to that model scoring it alone; in STREAMING each rule's operator a task of its own;
 * a cascade, STREAMING: the sentiment model scores all, the records whose margin is below 0.4 (and
   only they) go on to the lexicon, and each output names both models with the first's confidence
   and (answer: join) its own fields.
@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from pyflink_aisp.datasets import load_rotten_tomatoes, split_reviews
@@ -89,22 +90,31 @@ def _run(stack, mode: str, route: str, registry: Path, out: str, extra: tuple[st
         cmd.insert(cmd.index("run") + 1, "-d")
     proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tasks: list[str] = []
     try:
         docs = {json.loads(m.value())["id"]: json.loads(m.value())
                 for m in read_topic(bootstrap, out, min_count=N, timeout_s=180, quiet_s=3)}
         letters = [json.loads(m.value()) for m in read_topic(bootstrap, f"{out}.dlq", min_count=1,
                                                               timeout_s=60)]
+        if mode == "streaming":
+            job = proc.stdout.split("JobID ")[-1].split()[0]
+            rest = str(stack.status().rest_url).rstrip("/")
+            tasks = [v["name"] for v in httpx.get(f"{rest}/jobs/{job}", timeout=30).json()["vertices"]]
     finally:
         if mode == "streaming":
             job = proc.stdout.split("JobID ")[-1].split()[0]
             subprocess.run([cmd[0], "cancel", job], env=stack.flink_env(), capture_output=True, timeout=120)
-    return docs, letters
+    return docs, letters, tasks
 
 
-def test_a_rule_route_scores_each_kind_with_its_model(stack, routes, reviews, model_assets):
+@pytest.mark.parametrize("mode", ["batch", "streaming"])
+def test_a_rule_route_scores_each_kind_with_its_model(stack, routes, reviews, model_assets, mode):
     registry, lexicon, lexicon_sha = routes
-    docs, letters = _run(stack, "batch", "by_kind", registry, "routes-by-kind",
-                         ("--keep-fields", "/meta/kind"))
+    docs, letters, tasks = _run(stack, mode, "by_kind", registry, f"routes-by-kind-{mode}",
+                                ("--keep-fields", "/meta/kind", "--checkpoint-interval-ms", "1000"))
+    if mode == "streaming":  # an operator per rule, each a task (thread) of its own
+        python_tasks = [t for t in tasks if "PythonCalc" in t]
+        assert len(python_tasks) == 2 and all(t.count("PythonCalc") == 1 for t in python_tasks), tasks
     assert sorted(docs) == sorted(r["id"] for r in reviews)  # each record once
     assert [d["reason"] for d in letters] == ["missing_text"]  # the record without a text
     model = OnnxSentimentModel(model_assets)
@@ -126,7 +136,7 @@ def test_a_rule_route_scores_each_kind_with_its_model(stack, routes, reviews, mo
 
 def test_a_cascade_sends_only_unsure_records_on(stack, routes, reviews, model_assets):
     registry, lexicon, lexicon_sha = routes
-    docs, _ = _run(stack, "streaming", "unsure_to_lexicon", registry, "routes-cascade",
+    docs, _, _ = _run(stack, "streaming", "unsure_to_lexicon", registry, "routes-cascade",
                    ("--checkpoint-interval-ms", "1000"))
     assert sorted(docs) == sorted(r["id"] for r in reviews)
     scores, _ = OnnxSentimentModel(model_assets).predict([r["text"] for r in reviews])
