@@ -69,7 +69,7 @@ test-deploy: install
 	$(PY) -m pytest -m "" tests/unit/docker tests/integration/docker
 
 lint: install
-	$(VENV)/bin/ruff check pyflink_aisp tests jobs bench
+	$(VENV)/bin/ruff check pyflink_aisp tests jobs bench docs
 	$(VENV)/bin/lint-imports
 
 typecheck: install

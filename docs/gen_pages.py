@@ -33,7 +33,8 @@ _IMAGE = re.compile(r"^!\[([^\]]*)\]\(([^)]+)\)\s*$")
 
 def options_markdown() -> str:
     """The options table as the pipeline package renders it (imported lazily: the module may move)."""
-    from pyflink_aisp.pipeline import OPTIONS, options_markdown as render
+    from pyflink_aisp.pipeline import OPTIONS
+    from pyflink_aisp.pipeline import options_markdown as render
 
     return render(OPTIONS)
 

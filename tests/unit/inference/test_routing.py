@@ -320,7 +320,8 @@ def test_sibling_cascades_escalate_without_waiting_for_each_other() -> None:
         return future
 
     def cascade(first: str, last: str) -> CascadeNode:
-        return CascadeNode(stages=(CascadeStage(model=first, task=CLASSES, below=0.75),), last=ModelNode(last))
+        return CascadeNode(stages=(CascadeStage(model=first, task=CLASSES, below=0.75),),
+                           last=ModelNode(last))
 
     node = RuleNode(rules=(Rule(Condition(equals=("x",)), cascade("a1", "b1")),),
                     default=cascade("a2", "b2"))
