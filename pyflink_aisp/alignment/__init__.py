@@ -8,7 +8,9 @@
   with which model, and the counts and order-independent digests of what it wrote,
   found by each output's lineage header.
 * Verification (:func:`compare_outputs`, :func:`multiset_digest`): two runs'
-  outputs agree by id (label, model version, score within a tolerance).
+  outputs agree by id (label, model version, score within a tolerance);
+  :func:`select_scored_by` keeps one model's records of a route's run, to compare
+  with a run of that model alone.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pyflink_aisp.alignment._ranges import (
     resolve_range,
     topic_offsets,
 )
+from pyflink_aisp.alignment._scored_by import ScoredBySelection, select_scored_by
 from pyflink_aisp.alignment._verify import (
     DEFAULT_SCORE_TOLERANCE,
     ScoreDiff,
@@ -61,6 +64,7 @@ __all__ = [
     "PartitionRange",
     "RunManifest",
     "ScoreDiff",
+    "ScoredBySelection",
     "TopicOffsets",
     "TopicRange",
     "VerifyReport",
@@ -78,6 +82,7 @@ __all__ = [
     "read_range",
     "resolve_bound",
     "resolve_range",
+    "select_scored_by",
     "summarize_outputs",
     "topic_offsets",
     "verify_manifests",

@@ -105,6 +105,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.manifest or not args.topic_b:
         if len(args.manifest or ()) != 2 or args.topic_a:
             raise ConfigError("verify takes two output topics, or --manifest A --manifest B")
+        if args.scored_by is not None:
+            raise ConfigError("--scored-by compares output topics (a route's, and its model's alone), "
+                              "not manifests: their ranges and counts cover every kind of record")
         from pyflink_aisp.alignment import verify_manifests
 
         ok, lines = verify_manifests(Path(args.manifest[0]), Path(args.manifest[1]), servers=bootstrap,
@@ -114,8 +117,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     a, b = ([bytes(m.value() or b"") for m in read_topic(bootstrap, topic, timeout_s=args.timeout_s,
                                                           quiet_s=args.quiet_s)]
             for topic in (args.topic_a, args.topic_b))
-    report = compare_outputs(a, b, tolerance=args.tolerance)
     print(f"verify {args.topic_a} (a) against {args.topic_b} (b), committed records only")
+    if args.scored_by is not None:
+        from pyflink_aisp.alignment import select_scored_by
+
+        selection = select_scored_by(a, b, args.scored_by)
+        print(selection.line())
+        a, b = selection.a, selection.b
+    report = compare_outputs(a, b, tolerance=args.tolerance)
     for line in report.lines():
         print(line)
     return 0 if report.ok else 3
@@ -210,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default: $AISP_KAFKA_BOOTSTRAP, else 127.0.0.1:$AISP_KAFKA_PORT (9092)")
     verify.add_argument("--tolerance", type=_tolerance, default=1e-5,
                         help="largest accepted |score difference| (default 1e-5)")
+    verify.add_argument("--scored-by", default=None, metavar="MODEL",
+                        help="a route's run against MODEL's alone: keep a's records that MODEL answered "
+                             "(last in their scored_by) and b's of the same ids")
     verify.add_argument("--timeout-s", type=float, default=60.0, help="longest read of each topic")
     verify.add_argument("--quiet-s", type=float, default=3.0,
                         help="a topic is read to its end once no record came for this long")

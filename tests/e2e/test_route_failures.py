@@ -2,12 +2,16 @@
 their length in tokens) to the sentiment model on ONNX Runtime and the others to the same weights on
 PyTorch, in an operator per rule; three kill -9s of the TaskManager (with its Python workers) lose
 and duplicate nothing, each record is scored by its kind's model, and a BATCH run of the same route
-over the same topic writes the same values (stream == batch, per kind)."""
+over the same topic writes the same values (stream == batch, per kind). Each model then scores the
+whole topic alone, in a BATCH job of its own, and `aisp verify --scored-by MODEL` finds each kind of
+the route's outputs, of the stream and of the batch run, equal to that model's own."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "review_sentiment.py"
 RECORDS = 900
 SHORT = 24  # tokens
+AISP = [sys.executable, "-m", "pyflink_aisp.cli"]
+KEPT = re.compile(r"kept (\d+) of (\d+) in A \(scored by (\w+)\); (\d+) of B's (\d+) records left aside")
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +63,7 @@ routes:
     t_in, t_out, _ = result.topics
     bootstrap = str(stack.status().bootstrap_servers)
     stream = {d["id"]: d for d in (json.loads(m.value()) for m in read_topic(bootstrap, t_out, timeout_s=30))}
-    cmd = stack.flink_run_command(str(JOB), "--bootstrap-servers", bootstrap, "--input-topic", t_in,
-                                  "--output-topic", f"{t_out}-batch", "--mode", "batch", *route,
-                                  "--job-name", "route-chaos-batch")
-    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _run_batch(stack, bootstrap, t_in, f"{t_out}-batch", route, "route-chaos-batch")
     batch = {d["id"]: d for d in (json.loads(m.value()) for m in
                                    read_topic(bootstrap, f"{t_out}-batch", min_count=RECORDS, timeout_s=60))}
 
@@ -77,3 +79,27 @@ routes:
             assert doc["score"] == pytest.approx(float(score), abs=1e-5)
         assert stream[review.id]["score"] == pytest.approx(batch[review.id]["score"], abs=1e-6)
     assert min(kinds.values()) > RECORDS // 5, kinds  # both kinds well represented
+
+    # each model alone over the same topic; each kind of the route (stream and batch) equals it
+    for model, kept in kinds.items():
+        alone = f"{t_out}-{model}"
+        _run_batch(stack, bootstrap, t_in, alone, ("--models", str(registry), "--model", model),
+                   f"route-chaos-{model}")
+        for routed in (t_out, f"{t_out}-batch"):
+            proc = subprocess.run([*AISP, "verify", routed, alone, "--scored-by", model,
+                                   "--bootstrap-servers", bootstrap], capture_output=True, text=True,
+                                  timeout=300)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            line = KEPT.search(proc.stdout)
+            assert line is not None, proc.stdout
+            assert line.groups() == (str(kept), str(RECORDS), model, str(RECORDS - kept), str(RECORDS)), \
+                proc.stdout
+            assert proc.stdout.rstrip().endswith("SAME"), proc.stdout
+
+
+def _run_batch(stack, bootstrap: str, t_in: str, t_out: str, model_args: tuple[str, ...], name: str) -> None:
+    """The job over all of ``t_in`` in BATCH mode on the stack's cluster, into ``t_out``."""
+    cmd = stack.flink_run_command(str(JOB), "--bootstrap-servers", bootstrap, "--input-topic", t_in,
+                                  "--output-topic", t_out, "--mode", "batch", *model_args, "--job-name", name)
+    proc = subprocess.run(cmd, env=stack.flink_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
