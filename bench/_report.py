@@ -115,8 +115,8 @@ def _targets(results: dict[str, Any]) -> list[str]:
     t = {k: v["records_per_s"] for k, v in results["throughput"].items()}
     out = []
     if "a" in t and "e" in t:
-        out.append(f"- (e) / (a) = {t['e'] / t['a']:.2f} (target ≥ 0.90): "
-                   f"{'met' if t['e'] >= 0.9 * t['a'] else 'NOT met'}.")
+        out.append(f"- (e) / (a) = {t['e'] / t['a']:.2f} (target ≥ 0.95): "
+                   f"{'met' if t['e'] >= 0.95 * t['a'] else 'NOT met'}.")
     for d in ("d", "d sorted"):
         if d in t and "e" in t:
             out.append(f"- (e) / ({d}) = {t['e'] / t[d]:.2f} (target ≥ 1.5): "
@@ -136,8 +136,10 @@ def _rounds(results: dict[str, Any]) -> list[dict[str, Any]]:
     t = results["throughput"]
     first: dict[str, Any] = {"round": 0}
     if "a" in t and "e" in t:
-        first.update(a=t["a"]["records_per_s"], e=t["e"]["records_per_s"],
-                     ratio=t["e"]["records_per_s"] / t["a"]["records_per_s"])
+        a = t["a"]
+        first.update(a=a["records_per_s"], a_before=a.get("records_per_s_before", a["records_per_s"]),
+                     a_after=a.get("records_per_s_after", float("nan")), e=t["e"]["records_per_s"],
+                     ratio=t["e"]["records_per_s"] / a["records_per_s"])
     for r in results["latency"]:
         if abs(r["load"] - 0.3) < 1e-9 and r["slo_ms"] and r.get("cuts", "cost") == "cost":
             first.update(p99_ms=r["p99_ms"], p50_ms=r["p50_ms"])
@@ -150,13 +152,17 @@ def _rounds_section(results: dict[str, Any]) -> list[str]:
     if len(rounds) < 2:
         return []
     slo = results["settings"]["slo_ms"]
-    lines = [f"Round 0 is the run above; rounds 1-{len(rounds) - 1} ran after it, each (a), then (e), then "
-             f"the 30 % load with `--latency-slo-ms {slo:g}`, back to back on the same broker.", "",
-             "| round | (a) records/s | (e) records/s | (e) / (a) | p50 ms, 30 % + SLO "
-             "| p99 ms, 30 % + SLO |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"Round 0 is the run above; rounds 1-{len(rounds) - 1} ran after it, each on a broker of its "
+             f"own: (e), then the 30 % load with `--latency-slo-ms {slo:g}`; then the broker stopped and (a) "
+             "ran with the machine to itself. Each round's (a) is the mean of the plain loop just before "
+             "(the previous one, alone) and just after it, so the baseline never shares the machine.", "",
+             "| round | (a) before / after, records/s | (a) mean | (e) records/s | (e) / (a) "
+             "| p50 ms, 30 % + SLO | p99 ms, 30 % + SLO |",
+             "|---|---|---|---|---|---|---|"]
+    nan = float("nan")
     for r in rounds:
-        lines.append(f"| {r['round']} | {r.get('a', float('nan')):,.0f} | {r.get('e', float('nan')):,.0f} | "
+        lines.append(f"| {r['round']} | {r.get('a_before', nan):,.0f} / {r.get('a_after', nan):,.0f} "
+                     f"| {r.get('a', float('nan')):,.0f} | {r.get('e', float('nan')):,.0f} | "
                      f"{r.get('ratio', float('nan')):.3f} | {r.get('p50_ms', float('nan')):,.0f} | "
                      f"{r.get('p99_ms', float('nan')):,.0f} |")
     lines += ["", "Targets on the medians over the rounds:"]
@@ -164,7 +170,13 @@ def _rounds_section(results: dict[str, Any]) -> list[str]:
     if ratios:
         med = float(np.median(ratios))
         lines.append(f"- (e) / (a): median {med:.3f} over {len(ratios)} rounds (range {min(ratios):.3f}-"
-                     f"{max(ratios):.3f}; target ≥ 0.90): {'met' if med >= 0.9 else 'NOT met'}.")
+                     f"{max(ratios):.3f}; target ≥ 0.95): {'met' if med >= 0.95 else 'NOT met'}.")
+    p50s = [r["p50_ms"] for r in rounds if "p50_ms" in r]
+    if p50s:
+        med = float(np.median(p50s))
+        lines.append(f"- p50 at 30 % load with the SLO: median {med:,.0f} ms over {len(p50s)} rounds (range "
+                     f"{min(p50s):,.0f}-{max(p50s):,.0f}; target ≤ 30 ms): "
+                     f"{'met' if med <= 30 else 'NOT met'}.")
     p99s = [r["p99_ms"] for r in rounds if "p99_ms" in r]
     if p99s:
         med = float(np.median(p99s))
