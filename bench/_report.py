@@ -166,25 +166,23 @@ def _rounds_section(results: dict[str, Any]) -> list[str]:
                      f"{r.get('ratio', float('nan')):.3f} | {r.get('p50_ms', float('nan')):,.0f} | "
                      f"{r.get('p99_ms', float('nan')):,.0f} |")
     lines += ["", "Targets on the medians over the rounds:"]
-    ratios = [r["ratio"] for r in rounds if "ratio" in r]
-    if ratios:
-        med = float(np.median(ratios))
-        lines.append(f"- (e) / (a): median {med:.3f} over {len(ratios)} rounds (range {min(ratios):.3f}-"
-                     f"{max(ratios):.3f}; target ≥ 0.95): {'met' if med >= 0.95 else 'NOT met'}.")
-    p50s = [r["p50_ms"] for r in rounds if "p50_ms" in r]
-    if p50s:
-        med = float(np.median(p50s))
-        lines.append(f"- p50 at 30 % load with the SLO: median {med:,.0f} ms over {len(p50s)} rounds (range "
-                     f"{min(p50s):,.0f}-{max(p50s):,.0f}; target ≤ 30 ms): "
-                     f"{'met' if med <= 30 else 'NOT met'}.")
-    p99s = [r["p99_ms"] for r in rounds if "p99_ms" in r]
-    if p99s:
-        med = float(np.median(p99s))
-        lines.append(f"- p99 at 30 % load with the SLO: median {med:,.0f} ms over {len(p99s)} rounds (range "
-                     f"{min(p99s):,.0f}-{max(p99s):,.0f}; target ≤ {slo:g} ms): "
-                     f"{'met' if med <= slo else 'NOT met'}.")
+    lines += _median_target(rounds, "ratio", "(e) / (a)", "{:.3f}", 0.95, at_least=True)
+    lines += _median_target(rounds, "p50_ms", "p50 at 30 % load with the SLO", "{:,.0f}", 30.0, " ms")
+    lines += _median_target(rounds, "p99_ms", "p99 at 30 % load with the SLO", "{:,.0f}", slo, " ms")
     return lines
 
+
+def _median_target(rounds: list[dict[str, Any]], key: str, label: str, fmt: str, target: float,
+                   unit: str = "", at_least: bool = False) -> list[str]:
+    """One target line judged on the median of ``key`` over the rounds that have it (none: no line)."""
+    values = [r[key] for r in rounds if key in r]
+    if not values:
+        return []
+    med = float(np.median(values))
+    met = med >= target if at_least else med <= target
+    return [f"- {label}: median {fmt.format(med)}{unit} over {len(values)} rounds (range "
+            f"{fmt.format(min(values))}-{fmt.format(max(values))}; target {'≥' if at_least else '≤'} "
+            f"{target:g}{unit}): {'met' if met else 'NOT met'}."]
 
 def _latency_table(results: dict[str, Any]) -> list[str]:
     lines = ["| offered load | offered / achieved records/s | `--latency-slo-ms` | `--batch-cuts` | "
