@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-seconds", type=float, default=30.0, help="length of each latency load phase")
     p.add_argument("--warmup-seconds", type=float, default=5.0, help="discarded start of each load phase")
     p.add_argument("--loads", default="0.3,0.6,0.9", help="offered loads, fractions of (e)'s throughput")
-    p.add_argument("--slo-ms", type=float, default=150.0, help="--latency-slo-ms of the SLO runs")
+    p.add_argument("--slo-ms", type=float, default=100.0, help="--latency-slo-ms of the SLO runs")
     p.add_argument("--skip", default="", help=f"comma-separated parts to skip: {','.join(CASES)}")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads, every case")
     p.add_argument("--checkpoint-interval-ms", type=int, default=5000, help="(e) and latency runs")
