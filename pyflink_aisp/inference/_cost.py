@@ -74,7 +74,8 @@ class CallCost:
 
 
 class BatchCostModel:
-    """Robust fit of ``seconds = a + b * padded_tokens`` over the last ``window`` model calls.
+    """Robust fit of ``seconds = a + b * padded_tokens`` over the last ``window`` model calls
+    (``a`` at least ``b``: one token's work per call, when the fit finds no overhead).
 
     The line is the Theil-Sen estimator (slope: the median of the slopes between
     every two calls of different sizes; intercept: the median residual; Theil
@@ -136,9 +137,12 @@ class BatchCostModel:
         apart = run != 0
         slope = float(np.median((seconds[second] - seconds[first])[apart] / run[apart]))
         intercept = float(np.median(seconds - slope * tokens))
-        if not (intercept > 0 and slope > 0):
+        if not slope > 0:
             return None
-        return CallCost(intercept, slope)
+        # No per-call overhead seen (single-threaded runs, or only large batches observed, whose
+        # quadratic attention bends the line down): charge one token's work per call, so cuts
+        # minimise padding and the smaller batches that follow measure the real overhead.
+        return CallCost(max(intercept, slope), slope)
 
 
 def cost_cuts(

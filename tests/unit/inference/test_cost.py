@@ -143,7 +143,7 @@ def test_the_fit_is_refreshed_every_refit_every_calls() -> None:
     assert model.cost is not first
 
 
-def test_no_fit_without_spread_or_with_a_non_positive_part() -> None:
+def test_no_fit_without_spread_or_slope_and_a_floor_on_the_per_call_part() -> None:
     same = BatchCostModel(min_calls=4, refit_every=1)
     for _ in range(8):
         same.observe(320, 0.02)  # one size only: the slope is unknown
@@ -155,7 +155,9 @@ def test_no_fit_without_spread_or_with_a_non_positive_part() -> None:
     no_overhead = BatchCostModel(min_calls=4, refit_every=1)
     for tokens in (100, 200, 300, 400):
         no_overhead.observe(tokens, 1e-4 * tokens - 0.001)  # intercept < 0
-    assert no_overhead.cost is None
+    fitted = no_overhead.cost  # no overhead seen: one token's work per call, cuts minimise padding
+    assert fitted is not None and fitted.seconds(1, 1) == pytest.approx(2e-4)
+    assert fitted.seconds(2, 100) == pytest.approx(1e-4 + 1e-4 * 200)
     with pytest.raises(ConfigError):
         BatchCostModel(window=4, min_calls=8)
     with pytest.raises(ConfigError):
