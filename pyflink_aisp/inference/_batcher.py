@@ -46,7 +46,9 @@ batch's rows synchronously (launch and collect at once), bisecting as above.
 
 Metrics: a pipelined batch's ``compute_s`` runs from its launch to its collect;
 the cost model is fed from the later of its launch and the previous batch's
-collect (the device's time for it alone, as batches compute one after another).
+collect (the device's time for it alone, as batches compute one after another),
+or, when the launched handle timed its own run (a ``compute_s`` attribute:
+concurrent CPU runs, which do not compute one after another), that time.
 
 Thread-safety: ``submit``/``submit_async``/``submit_chunk``/``close`` from any
 thread; ``run_batch``, ``run_rows``, ``launch_rows``, ``collect``, ``on_oom`` and
@@ -398,7 +400,9 @@ class MicroBatcher(Generic[T, R]):
             if len(results) != len(entry.rows):
                 wrong = ValueError(f"collect returned {len(results)} results for {len(entry.rows)} rows")
                 results = [Failed(wrong)] * len(entry.rows)
-            busy_from = max(entry.dispatched_s, self._last_done_s or entry.dispatched_s)
+            own = getattr(entry.handle, "compute_s", None)  # a run that timed itself (concurrent CPU runs)
+            busy_from = (self._clock() - own if isinstance(own, int | float)
+                         else max(entry.dispatched_s, self._last_done_s or entry.dispatched_s))
             self._finish(entry.chunk, entry.rows, results, entry.knobs, entry.dispatched_s, busy_from, False)
             return
         forget_frames(error, keep_traceback=True)

@@ -98,6 +98,12 @@ class _Launched:
     model: Any
     version: str
 
+    @property
+    def compute_s(self) -> float | None:
+        """The handler handle's own ``compute_s`` (a CPU run pool's timed run), else None."""
+        own = getattr(self.handle, "compute_s", None)
+        return float(own) if isinstance(own, int | float) else None
+
 
 class ModelRuntime:
     """The worker's model, batcher and hot-swap watcher for one handler.
