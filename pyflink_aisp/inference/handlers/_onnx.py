@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,7 @@ import pyarrow as pa
 
 from pyflink_aisp.errors import ConfigError, ModelError, TokenizeError
 from pyflink_aisp.inference.handlers._onnx_binding import DeviceIO
+from pyflink_aisp.inference.handlers._onnx_runs import RunPool
 from pyflink_aisp.inference.handlers._onnx_trt import (
     DEFAULT_TRT_MAX_BATCH,
     DEFAULT_TRT_OPT_LENGTH,
@@ -186,11 +188,16 @@ class OnnxSentimentModel:
             given (the profile's max batch; a larger one is run in chunks of it);
             None: ``max(batch_size, 1024)``.
         precision: ``"fp32"``, or ``"fp16"`` (TensorRT only: ``trt_fp16_enable``).
+        concurrent_runs: Model batches :meth:`launch_rows` computes at once, each
+            ``session.run`` on a thread of its own
+            (:class:`~pyflink_aisp.inference.handlers._onnx_runs.RunPool`);
+            1 (default): on the caller's thread. Without IO binding only (the CPU provider).
 
     Raises:
         ConfigError: ``intra_op_num_threads`` or ``batch_size`` < 1, an
             unknown provider name, a ``device_id`` as :func:`normalize_providers`,
-            ``max_batch_size`` < ``batch_size``, or fp16 without TensorRT.
+            ``max_batch_size`` < ``batch_size``, fp16 without TensorRT, or
+            ``concurrent_runs`` out of 1..8 or above 1 with IO binding.
         ModelError: A requested provider is unavailable or was dropped by ORT,
             the model cannot be loaded, or the TensorRT cache directory cannot be made.
         ChecksumError: The model files differ from the manifest (``verify``).
@@ -209,6 +216,7 @@ class OnnxSentimentModel:
         allow_spinning: bool | None = None,
         max_batch_size: int | None = None,
         precision: str = "fp32",
+        concurrent_runs: int = 1,
     ) -> None:
         if intra_op_num_threads is not None and intra_op_num_threads < 1:
             raise ConfigError(f"intra_op_num_threads must be >= 1 or None, got {intra_op_num_threads}")
@@ -217,6 +225,10 @@ class OnnxSentimentModel:
         names, options = _split_providers(normalize_providers(providers, device_id))
         self._device = provider_device(list(zip(names, options, strict=True)))
         self._io_binding = names[0] in GPU_PROVIDERS if io_binding is None else bool(io_binding)
+        if concurrent_runs != 1 and self._io_binding:
+            raise ConfigError(f"concurrent runs ({concurrent_runs}) are for the CPU provider without IO "
+                              f"binding; {names[0]} runs one batch at a time here")
+        self.runs = RunPool(concurrent_runs)
         if verify:
             assets.verify()
         self.assets = assets
@@ -325,6 +337,20 @@ class OnnxSentimentModel:
         with self.tokenizer.pad(tokens, rows) as padded:
             embedding, score = self._run(padded.model_inputs())
         return score.reshape(-1), embedding
+
+    def launch_rows(
+        self, tokens: TokenizedBatch, rows: npt.NDArray[np.intp]
+    ) -> Future[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]]:
+        """:meth:`predict_rows` on one of :attr:`runs`' threads (with one run: now, on this one).
+
+        Returns:
+            A future of ``(scores, embeddings)`` as :meth:`predict_rows` returns them.
+        """
+        return self.runs.launch(self.predict_rows, tokens, rows)
+
+    def close(self) -> None:
+        """Wait for the launched runs and stop their threads (idempotent)."""
+        self.runs.close()
 
     def _run(self, inputs: Mapping[str, npt.NDArray[np.int64]]) -> list[npt.NDArray[np.float32]]:
         """One ``(batch, seq_len)`` batch → ``[embedding, score]`` host arrays.

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pyflink_aisp.checksums import verify_sha256
-from pyflink_aisp.errors import ModelError
+from pyflink_aisp.errors import ConfigError, ModelError
 from pyflink_aisp.inference._handler import ModelHandler, Prepared
 from pyflink_aisp.inference.handlers._onnx import (
     ExecutionProvider,
@@ -20,6 +20,7 @@ from pyflink_aisp.inference.handlers._onnx import (
     normalize_providers,
     provider_device,
 )
+from pyflink_aisp.inference.handlers._onnx_runs import MAX_CONCURRENT_RUNS
 from pyflink_aisp.inference.handlers._probe import (
     SWAP_PROBE_TEXTS,
     check_probe_batch_sizes,
@@ -78,10 +79,15 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
             ``device_id`` option, else 0).
         allow_spinning: ORT intra-op threads spin-wait between runs (see
             :class:`~pyflink_aisp.inference.OnnxSentimentModel`); None: ORT's default.
+        concurrent_runs: Model batches of the batch path computing at once, each
+            ``session.run`` on its own thread (:meth:`pipeline_depth`; CPU provider only:
+            the session refuses it with IO binding); pair it with
+            ``intra_op_num_threads`` = cores / ``concurrent_runs``. 1: one batch at a time.
 
     Raises:
         ConfigError: Unknown provider name or a ``device_id`` that does not fit
-            (see :func:`~pyflink_aisp.inference.normalize_providers`).
+            (see :func:`~pyflink_aisp.inference.normalize_providers`), or
+            ``concurrent_runs`` out of 1..8.
     """
 
     def __init__(
@@ -92,7 +98,11 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
         providers: Sequence[ProviderSpec] = (ExecutionProvider.CPU,),
         device_id: int | None = None,
         allow_spinning: bool | None = None,
+        concurrent_runs: int = 1,
     ) -> None:
+        if not 1 <= concurrent_runs <= MAX_CONCURRENT_RUNS:
+            raise ConfigError(f"concurrent_runs must be in 1..{MAX_CONCURRENT_RUNS}, got {concurrent_runs}")
+        self._runs = concurrent_runs
         self._assets = assets
         self._threads = intra_op_num_threads
         self._allow_spinning = allow_spinning
@@ -116,6 +126,28 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
         """Tokenize (truncation to ``assets.max_length``) and score ``batch``, in order."""
         scores, embeddings = model.predict(list(batch))
         return [(float(scores[i]), embeddings[i]) for i in range(len(batch))]
+
+    def pipeline_depth(self, model: OnnxSentimentModel) -> int:
+        """The model's concurrent runs (the constructor's ``concurrent_runs``)."""
+        return model.runs.runs
+
+    def launch_prepared(self, prepared: Prepared, rows: npt.NDArray[np.intp],
+                        model: OnnxSentimentModel) -> Any:
+        """Start ``rows`` of the tokenized batch on one of the model's run threads."""
+        return model.launch_rows(prepared.payload, rows)
+
+    def collect_prepared(self, handle: Any, model: OnnxSentimentModel) -> list[SentimentPrediction]:
+        """Wait for a launched batch; its predictions in the order of its rows.
+
+        Raises:
+            Exception: whatever the run raised (the batcher then isolates its rows).
+        """
+        scores, embeddings = handle.result()
+        return list(zip(scores.tolist(), embeddings, strict=True))
+
+    def release_model(self, model: OnnxSentimentModel) -> None:
+        """Stop the model's run threads (after the runs in flight)."""
+        model.close()
 
     def example_tokens(self, example: str, model: OnnxSentimentModel) -> int:
         """Token count of the text after truncation (the tokenizer the model uses)."""
@@ -163,7 +195,7 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
         """
         return OnnxSentimentModel(
             assets, intra_op_num_threads=self._threads, providers=self._providers, verify=False,
-            allow_spinning=self._allow_spinning
+            allow_spinning=self._allow_spinning, concurrent_runs=self._runs
         )
 
     @property

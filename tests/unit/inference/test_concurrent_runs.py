@@ -1,0 +1,142 @@
+"""Concurrent ONNX Runtime runs on the CPU: the run pool, the sentiment model and handler with
+``concurrent_runs``, and the batcher charging a batch the compute its run timed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from pyflink_aisp.errors import ConfigError
+from pyflink_aisp.inference import BatchCuts, BatchingConfig, ModelHandler, ModelRuntime, Prepared
+from pyflink_aisp.inference.handlers import OnnxSentimentModel, SentimentHandler
+from pyflink_aisp.inference.handlers._onnx_runs import RunPool
+from pyflink_aisp.models import ModelAssets
+
+TEXTS = ["Dull.", "An utterly charming, beautifully acted film " * 6, "Funny and warm.", "",
+         "The plot makes no sense and the jokes fall flat, but the cast tries hard.", "Wonderful!",
+         "A long, winding, self-indulgent mess of a movie " * 12, "Not bad at all."] * 3
+
+
+def test_two_runs_compute_at_once_and_time_themselves() -> None:
+    pool = RunPool(2)
+    both = threading.Barrier(2, timeout=10)  # passes only when two calls wait at the same time
+
+    def call(tag: str) -> tuple[str, str]:
+        time.sleep(0.05)
+        both.wait()
+        return tag, threading.current_thread().name
+
+    first, second = pool.launch(call, "a"), pool.launch(call, "b")
+    (tag_a, thread_a), (tag_b, thread_b) = first.result(timeout=10), second.result(timeout=10)
+    assert (tag_a, tag_b) == ("a", "b") and thread_a != thread_b
+    assert thread_a.startswith("aisp-ort-run") and thread_b.startswith("aisp-ort-run")
+    assert first.compute_s is not None and 0.05 <= first.compute_s < 5
+    pool.close()
+    pool.close()  # idempotent
+    with pytest.raises(RuntimeError):
+        pool.launch(call, "c")
+
+
+def test_one_run_computes_on_the_callers_thread_and_keeps_errors_in_the_future() -> None:
+    pool = RunPool(1)
+    assert pool.launch(lambda: threading.current_thread().name).result() == threading.current_thread().name
+
+    def boom() -> None:
+        raise ValueError("bad batch")
+
+    failed = pool.launch(boom)
+    with pytest.raises(ValueError, match="bad batch"):
+        failed.result()
+    assert failed.compute_s is not None
+
+
+@pytest.mark.parametrize("runs", [0, 9])
+def test_the_number_of_runs_is_checked(runs: int) -> None:
+    with pytest.raises(ConfigError, match=r"1\.\.8"):
+        RunPool(runs)
+
+
+def test_launched_rows_equal_predict_rows(quick_assets: ModelAssets) -> None:
+    model = OnnxSentimentModel(quick_assets, intra_op_num_threads=1, concurrent_runs=2)
+    try:
+        tokens = model.encode(TEXTS)
+        batches = [np.arange(start, min(start + 3, len(TEXTS))) for start in range(0, len(TEXTS), 3)]
+        launched = [model.launch_rows(tokens, rows) for rows in batches]
+        for rows, future in zip(batches, launched, strict=True):
+            scores, embeddings = future.result(timeout=60)
+            want_scores, want_embeddings = model.predict_rows(tokens, rows)
+            np.testing.assert_allclose(scores, want_scores, atol=1e-5)
+            np.testing.assert_allclose(embeddings, want_embeddings, atol=1e-5)
+    finally:
+        model.close()
+
+
+def test_concurrent_runs_are_refused_with_io_binding(quick_assets: ModelAssets) -> None:
+    with pytest.raises(ConfigError, match="CPU provider without IO binding"):
+        OnnxSentimentModel(quick_assets, io_binding=True, concurrent_runs=2)
+
+
+def test_the_handlers_runs_are_the_runtimes_pipeline_depth_and_give_the_same_scores(
+        quick_assets: ModelAssets) -> None:
+    with pytest.raises(ConfigError, match="concurrent_runs"):
+        SentimentHandler(quick_assets, concurrent_runs=0)
+    scores: dict[int, list[float]] = {}
+    for runs, threads in ((1, 2), (2, 1)):
+        handler = SentimentHandler(quick_assets, intra_op_num_threads=threads, concurrent_runs=runs)
+        runtime = ModelRuntime.acquire(handler, BatchingConfig(max_batch_size=2, batch_cuts=BatchCuts.FIXED),
+                                       key=f"runs-{runs}")
+        try:
+            assert runtime.pipeline_depth == runs
+            outcomes = runtime.infer_batch(TEXTS)
+        finally:
+            runtime.release()
+        scores[runs] = [o.prediction[0] for o in outcomes]  # type: ignore[union-attr]
+    np.testing.assert_allclose(scores[2], scores[1], atol=1e-5)
+    assert len(set(np.round(scores[1], 4))) > 3  # real, different scores
+
+
+class _TimedHandler(ModelHandler[str, int, object]):
+    """Two batches in flight; each launch's handle says its run took ``RUN_S``."""
+
+    RUN_S = 0.25
+
+    def load_model(self) -> object:
+        return object()
+
+    def run_inference(self, batch: Sequence[str], model: object) -> list[int]:
+        return [len(text) for text in batch]
+
+    def prepare_batch(self, batch: Sequence[str], model: object) -> Prepared:
+        return Prepared(list(batch), np.array([len(text) for text in batch], dtype=np.int64))
+
+    def run_prepared(self, prepared: Prepared, rows: npt.NDArray[np.intp], model: object) -> list[int]:
+        return [len(prepared.payload[row]) for row in rows]
+
+    def pipeline_depth(self, model: object) -> int:
+        return 2
+
+    def launch_prepared(self, prepared: Prepared, rows: npt.NDArray[np.intp], model: object) -> Any:
+        return SimpleNamespace(results=self.run_prepared(prepared, rows, model), compute_s=self.RUN_S)
+
+    def collect_prepared(self, handle: Any, model: object) -> list[int]:
+        return list(handle.results)
+
+
+def test_a_run_that_timed_itself_is_charged_that_time() -> None:
+    config = BatchingConfig(max_batch_size=2, batch_cuts=BatchCuts.FIXED)
+    runtime = ModelRuntime.acquire(_TimedHandler(), config, key="timed")
+    try:
+        outcomes = runtime.infer_batch(["a", "bb", "ccc", "dddd", "eeeee"])
+        assert [o.prediction for o in outcomes] == [1, 2, 3, 4, 5]  # type: ignore[union-attr]
+        charged = [seconds for _, seconds in runtime.batcher.cost_model._calls]
+    finally:
+        runtime.release()
+    assert len(charged) == 3  # batches of 2, 2, 1
+    assert all(_TimedHandler.RUN_S <= s < _TimedHandler.RUN_S + 0.05 for s in charged), charged
