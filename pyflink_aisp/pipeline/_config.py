@@ -128,9 +128,10 @@ class InferenceOptions(RemoteOptions):
     length_buckets: tuple[int, ...] = opt((), B, 'Ascending token-length bucket bounds, e.g. 16,32,64: a '
         'model batch holds one bucket.',
         unit='tokens', job_param='aisp.batch.length-buckets', nullable=True, minimum=1)
-    pipeline_depth: int | None = opt(None, B, 'Model batches launched and not yet collected (--runtime '
-        "torch): the next batch is prepared and copied while one computes (none: the handler's default, 2 "
-        'on cuda, 1 on cpu: each batch is waited for).', unit='batches',
+    pipeline_depth: int | None = opt(None, B, 'Model batches launched and not yet collected. --runtime '
+        'torch: the next batch is prepared and copied while one computes (none: 2 on cuda, 1 on cpu). The '
+        'ONNX sentiment model on the CPU: that many session.run calls compute at once, each on its own '
+        'thread; pair it with --intra-op-threads = cores / depth (none: 1).', unit='batches',
         job_param='aisp.batch.pipeline-depth', nullable=True, minimum=1)
     latency_slo_ms: float | None = opt(None, B, 'p99 target of the inference operator: shorter bundles (SLO '
         "/ 30) and no ORT spin-wait; the async operator's batch size and wait are tuned online within "
@@ -279,19 +280,27 @@ class InferenceOptions(RemoteOptions):
         return device_value(option, getattr(self, option.name), self.device)
 
     def _check_device_path(self) -> None:
-        """The torch runtime's device-path options (--tf32, shapes, pipeline depth).
+        """The torch runtime's device-path options (--tf32, shapes, pipeline depth; the depth
+        also for the ONNX sentiment model on the CPU: concurrent runs).
 
         Raises:
-            ConfigError: One given without ``--runtime torch``, ``--tf32`` off CUDA, or
+            ConfigError: One given without ``--runtime torch`` (the depth: nor for the ONNX
+                sentiment model on the CPU), ``--tf32`` off CUDA, or
                 batch-size buckets that are not strictly ascending.
         """
         torch = self.runtime is InferenceRuntime.TORCH
+        onnx_cpu_sentiment = not torch and not self.device.is_gpu and all(
+            value is None for value in (self.handler, self.remote_url, self.predictor, self.encoder_onnx,
+                                        self.classifier))
         given = [flag for flag, value in (("--pad-to-multiple-of", self.pad_to_multiple_of),
                                           ("--batch-size-buckets", self.batch_size_buckets or None),
-                                          ("--pipeline-depth", self.pipeline_depth)) if value is not None]
+                                          ("--pipeline-depth",
+                                           None if onnx_cpu_sentiment else self.pipeline_depth))
+                 if value is not None]
         if given and not torch:
-            raise ConfigError(f"{' and '.join(given)} apply to --runtime torch (the other handlers "
-                              "choose their own shapes and depth)")
+            raise ConfigError(f"{' and '.join(given)} apply to --runtime torch (and --pipeline-depth to the "
+                              "sentiment model on ONNX Runtime's CPU provider: concurrent runs); the other "
+                              "handlers choose their own shapes and depth")
         if self.tf32 and not (torch and self.device.is_gpu):
             raise ConfigError(f"--tf32 needs --runtime torch and --device cuda (TF32 is a matmul mode of "
                               f"CUDA GPUs), got --runtime {self.runtime.value} --device {self.device}")

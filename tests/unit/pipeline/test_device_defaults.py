@@ -167,8 +167,9 @@ def test_the_device_path_options_round_trip_as_job_parameters() -> None:
     ({"tf32": True, "runtime": TORCH}, "--tf32 needs --runtime torch and --device cuda .* --device cpu"),
     ({"tf32": True, "device": "cuda"}, "--tf32 needs --runtime torch .* got --runtime onnx"),
     ({"pad_to_multiple_of": 16}, "--pad-to-multiple-of apply to --runtime torch"),
-    ({"batch_size_buckets": (8, 16), "pipeline_depth": 2},
-     "--batch-size-buckets and --pipeline-depth apply to --runtime torch"),
+    ({"batch_size_buckets": (8, 16)}, "--batch-size-buckets apply to --runtime torch"),
+    ({"pipeline_depth": 2, "device": "cuda"}, "--pipeline-depth apply to --runtime torch"),
+    ({"pipeline_depth": 2, "classifier": "/models/intent"}, "--pipeline-depth apply to --runtime torch"),
     ({"runtime": TORCH, "batch_size_buckets": (64, 32)}, "--batch-size-buckets must be strictly ascending"),
     ({"runtime": TORCH, "pipeline_depth": 0}, "--pipeline-depth must be >= 1"),
     ({"runtime": TORCH, "pad_to_multiple_of": 0}, "--pad-to-multiple-of must be >= 1"),
@@ -176,6 +177,14 @@ def test_the_device_path_options_round_trip_as_job_parameters() -> None:
 def test_device_path_options_that_cannot_apply_are_refused(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         InferenceOptions(**kwargs)
+
+
+def test_the_onnx_sentiment_model_on_the_cpu_takes_a_pipeline_depth_as_concurrent_runs() -> None:
+    from pyflink_aisp.pipeline._handlers import handler_for
+
+    options = InferenceOptions(pipeline_depth=2, intra_op_threads=1)
+    handler = handler_for(options)
+    assert handler._runs == 2 and handler._threads == 1  # type: ignore[attr-defined]
 
 
 class Recorder:
