@@ -21,7 +21,8 @@ records/s, by default ``--load-share`` (30 %) of the plain ONNX Runtime loop's r
 with the machine to itself), and their
 variants with ``-lowbuf`` (``--buffer-timeout-ms 5 --sink-linger-ms 0``, against Flink's 100 ms
 and the Kafka client's 5 ms), ``-b20``
-(``--bundle-time-ms 20``), ``-b1`` (``--bundle-time-ms 1``), ``-spin`` (``--onnx-spin-wait true``) or
+(``--bundle-time-ms 20``), ``-b1`` (``--bundle-time-ms 1``), ``-spin`` (``--onnx-spin-wait true``),
+``-runs2`` (``--pipeline-depth 2 --intra-op-threads 1``: two concurrent single-threaded runs) or
 ``-ct`` (the output topic keeps the sink producer's ``CreateTime``: the last stage then ends at
 the sink's ``send()``, and the difference to the plain case is the producer and the broker).
 
@@ -53,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VARIANTS: dict[str, tuple[str, ...]] = {
     "": (), "lowbuf": ("--buffer-timeout-ms", "5", "--sink-linger-ms", "0"),
     "b20": ("--bundle-time-ms", "20"), "b1": ("--bundle-time-ms", "1"), "spin": ("--onnx-spin-wait", "true"),
-    "ct": ()}
+    "runs2": ("--pipeline-depth", "2", "--intra-op-threads", "1"), "ct": ()}
 STAGES = ("kafka_to_worker", "decode", "inference", "render", "worker_to_kafka", "total")
 
 
