@@ -11,6 +11,7 @@ from typing import Any
 
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference.handlers.remote import (
+    GRPC_SCHEMES,
     CallLogConfig,
     PromptLimit,
     PromptOverflow,
@@ -51,7 +52,8 @@ class RemoteOptions:
     """A model on a remote server (see the module docstring); checked by :meth:`_check_remote`."""
 
     remote_url: str | None = opt(None, M, 'A model on a remote server instead of an in-process one: its base '
-        'URL (http:// or https://, no credentials in it). --remote-api says which protocol and task.',
+        'URL (http:// or https://, no credentials in it; a V2 server\'s gRPC endpoint: grpc://host:port, '
+        'grpcs:// for TLS). --remote-api says which protocol and task.',
         job_param='aisp.remote.url', nullable=True)
     remote_api: RemoteApi = opt(RemoteApi.V2, M, 'v2: a numeric model on an Open Inference Protocol v2 '
         'server (KServe, Triton, MLServer) on the feature vectors of --feature-fields, one field per output '
@@ -212,6 +214,9 @@ class RemoteOptions:
             check_base_url(url)
         except ConfigError as exc:
             raise ConfigError(f"--remote-url: {exc}") from None
+        if url.strip().split(":", 1)[0] in GRPC_SCHEMES and self.remote_api is not RemoteApi.V2:
+            raise ConfigError(f"--remote-url {url.strip()} is a gRPC endpoint: gRPC is for --remote-api v2 "
+                              f"(the OpenAI API is HTTP), got --remote-api {self.remote_api.value}")
         if self.remote_model is None:
             raise ConfigError("--remote-url needs --remote-model (the model's name on the server)")
         if self.remote_model_version is not None and self.remote_api is not RemoteApi.V2:

@@ -1,6 +1,7 @@
 """Models behind a remote server, on the same :class:`~pyflink_aisp.inference.ModelHandler`
 plug-in: an Open Inference Protocol v2 server (KServe, Triton, MLServer) with
-:class:`V2PredictorHandler`, an OpenAI-compatible server (vLLM, llama.cpp, the OpenAI API)
+:class:`V2PredictorHandler` (REST, or gRPC at a ``grpc://`` URL), an OpenAI-compatible
+server (vLLM, llama.cpp, the OpenAI API)
 with :class:`OpenAIEmbeddingHandler` and :class:`OpenAIGenerationHandler`; the HTTP
 underneath (:class:`RemoteEndpoint`,
 :class:`RemoteSession`: a connection pool per worker, adaptive concurrency
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from pyflink_aisp.inference.handlers.remote._call_log import CallLog, CallLogConfig, call_key
 from pyflink_aisp.inference.handlers.remote._client import (
+    GRPC_SCHEMES,
     RETRYABLE_STATUSES,
     RemoteEndpoint,
     RemoteSession,
@@ -34,6 +36,7 @@ from pyflink_aisp.inference.handlers.remote._prompt import PromptLimit, PromptOv
 from pyflink_aisp.inference.handlers.remote._v2 import V2Model, V2PredictorHandler
 
 __all__ = [
+    "GRPC_SCHEMES",
     "RETRYABLE_STATUSES",
     "AimdLimiter",
     "CallLog",

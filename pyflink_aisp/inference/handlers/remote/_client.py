@@ -46,17 +46,16 @@ import httpx
 
 from pyflink_aisp.errors import ConfigError, PromptTooLongError, RemoteError, RemoteTimeoutError
 from pyflink_aisp.inference.handlers.remote._limit import AimdLimiter, LimiterConfig
+from pyflink_aisp.inference.handlers.remote._wire import BODY_CHARS, NoAnswer, Reply, Sender
 
-__all__ = ["RETRYABLE_STATUSES", "RemoteEndpoint", "RemoteSession", "check_base_url", "context_overflow",
-           "path_segment", "retry_after_seconds"]
+__all__ = ["GRPC_SCHEMES", "RETRYABLE_STATUSES", "RemoteEndpoint", "RemoteSession", "check_base_url",
+           "context_overflow", "path_segment", "retry_after_seconds"]
 
 #: Statuses worth another try: request timeout, too early, too many requests, bad gateway,
 #: service unavailable, gateway timeout (RFC 9110 §15; 425 and 429: RFC 8470, RFC 6585).
 RETRYABLE_STATUSES = frozenset({408, 425, 429, 502, 503, 504})
 #: Of those, the ones that say the server is overloaded: the limiter backs off.
 _OVERLOAD_STATUSES = frozenset({429, 503})
-#: Most bytes of an error body kept in a message.
-_BODY_CHARS = 300
 #: Statuses a server refuses a prompt past its context window with (all say 400 today).
 _OVERFLOW_STATUSES = frozenset({400, 413, 422})
 #: An error's ``type`` / ``code`` that says the prompt is past the context window: llama.cpp's
@@ -71,9 +70,14 @@ _OVERFLOW_WORDS = ("exceeds the available context size", "maximum context length
 T = TypeVar("T")
 
 
+#: URL schemes of an Open Inference Protocol v2 server's gRPC endpoint (plaintext, TLS).
+GRPC_SCHEMES = ("grpc", "grpcs")
+
+
 def check_base_url(url: str) -> str:
-    """A server's base URL, checked: ``http://`` or ``https://`` with a host, no credentials, no
-    query or fragment; the trailing ``/`` dropped.
+    """A server's base URL, checked: ``http://`` or ``https://`` (or, for a V2 server's gRPC
+    endpoint, ``grpc://`` / ``grpcs://`` with a port) with a host, no credentials, no path on
+    a gRPC URL, no query or fragment; the trailing ``/`` dropped.
 
     Raises:
         ConfigError: Otherwise (the message never repeats credentials).
@@ -82,8 +86,11 @@ def check_base_url(url: str) -> str:
     if parts.username is not None or parts.password is not None:
         raise ConfigError("a remote model server URL must not carry credentials (user:password@): give "
                           "the key by an environment variable or a file")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"a remote model server URL must be http:// or https:// with a host, got {url!r}")
+    if parts.scheme not in ("http", "https", *GRPC_SCHEMES) or not parts.hostname:
+        raise ConfigError("a remote model server URL must be http://, https://, grpc:// or grpcs:// with a "
+                          f"host, got {url!r}")
+    if parts.scheme in GRPC_SCHEMES and (parts.port is None or parts.path.strip("/")):
+        raise ConfigError(f"a gRPC server URL is grpc://host:port (or grpcs://) without a path, got {url!r}")
     if parts.query or parts.fragment:
         raise ConfigError(f"a remote model server URL is a base URL without '?' or '#', got {url!r}")
     return url.strip().rstrip("/")
@@ -159,7 +166,8 @@ class RemoteEndpoint:
     """Where a remote model server is and how to call it (pickled into the job: no secret).
 
     Attributes:
-        url: Base URL, ``http://`` or ``https://`` (e.g. ``http://triton:8000``).
+        url: Base URL, ``http://`` or ``https://`` (e.g. ``http://triton:8000``); a V2
+            server's gRPC endpoint: ``grpc://host:port`` or ``grpcs://host:port`` (TLS).
         api_key_env: Environment variable holding the API key (sent as ``Authorization:
             Bearer``), read on the worker.
         api_key_file: File holding the API key (its first line), read on the worker.
@@ -206,6 +214,11 @@ class RemoteEndpoint:
             raise ConfigError("need max_attempts >= 1 and 0 < backoff base <= backoff cap")
         if self.max_retry_after_s < 0 or not 0 < self.min_attempt_s <= self.request_timeout_s:
             raise ConfigError("need max_retry_after_s >= 0 and 0 < min_attempt_s <= request timeout")
+
+    @property
+    def is_grpc(self) -> bool:
+        """Whether the URL names a gRPC endpoint (``grpc://`` or ``grpcs://``)."""
+        return self.url.split(":", 1)[0] in GRPC_SCHEMES
 
     def api_key(self) -> str | None:
         """The API key, read now (None without a source).
@@ -276,7 +289,7 @@ class RemoteEndpoint:
                     if response.status_code not in RETRYABLE_STATUSES:
                         return _json_of(response, path)
                     failure = RemoteError(f"{path}: HTTP {response.status_code}: "
-                                          f"{response.text[:_BODY_CHARS]}", response.status_code)
+                                          f"{response.text[:BODY_CHARS]}", response.status_code)
                     wait = max(wait, retry_after_seconds(response.headers.get("retry-after")) or 0.0)
                 if attempt + 1 == self.max_attempts or time.monotonic() + wait >= deadline:
                     break
@@ -295,12 +308,61 @@ def _json_of(response: httpx.Response, path: str) -> Any:
     if response.status_code >= 400:
         text = response.text
         error = PromptTooLongError if context_overflow(response.status_code, text) else RemoteError
-        raise error(f"{path}: HTTP {response.status_code}: {text[:_BODY_CHARS]}", response.status_code)
+        raise error(f"{path}: HTTP {response.status_code}: {text[:BODY_CHARS]}", response.status_code)
     try:
         return response.json()
     except ValueError:
         raise RemoteError(f"{path}: HTTP {response.status_code} with a body that is not JSON: "
-                          f"{response.text[:_BODY_CHARS]!r}", response.status_code) from None
+                          f"{response.text[:BODY_CHARS]!r}", response.status_code) from None
+
+
+@dataclass
+class _HttpReply:
+    """An HTTP answer (see :class:`~._wire.Reply`)."""
+
+    response: httpx.Response
+    path: str
+
+    @property
+    def status(self) -> int:
+        return self.response.status_code
+
+    @property
+    def retry_after_s(self) -> float | None:
+        return retry_after_seconds(self.response.headers.get("retry-after"))
+
+    def summary(self) -> str:
+        return f"HTTP {self.status}: {self.response.text[:BODY_CHARS]}"
+
+    def answer(self) -> Any:
+        return _json_of(self.response, self.path)
+
+
+class _HttpSender:
+    """POSTs JSON bodies over an ``httpx.AsyncClient`` (the worker's connection pool)."""
+
+    def __init__(self, endpoint: RemoteEndpoint, headers: dict[str, str],
+                 transport: httpx.AsyncBaseTransport | None) -> None:
+        if endpoint.is_grpc:
+            raise ConfigError(f"{endpoint.url} is a gRPC endpoint: only the V2 handler speaks gRPC")
+        self._headers = headers
+        limits = httpx.Limits(max_connections=endpoint.concurrency.maximum,
+                              max_keepalive_connections=endpoint.concurrency.maximum)
+        self._client = httpx.AsyncClient(base_url=endpoint.url, headers=headers, verify=endpoint.verify(),
+                                         limits=limits, timeout=endpoint.request_timeout_s,
+                                         transport=transport)
+
+    async def send(self, path: str, body: Any, timeout_s: float) -> Reply:
+        try:
+            return _HttpReply(await self._client.post(path, json=body, timeout=timeout_s), path)
+        except httpx.TimeoutException as exc:
+            raise NoAnswer(f"timed out after {timeout_s:.2f} s ({type(exc).__name__})",
+                           timed_out=True) from None
+        except httpx.TransportError as exc:
+            raise NoAnswer(_redact(f"{type(exc).__name__}: {exc}", self._headers), timed_out=False) from None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
 
 
 @dataclass
@@ -331,13 +393,16 @@ class RemoteSession:
         endpoint: Where and how.
         rng: Jitter's random source (tests seed it).
         transport: httpx transport (tests: ``httpx.MockTransport``); default: the network.
+        sender: Builds the :class:`~._wire.Sender` on the session's loop from the endpoint
+            and its default headers; default: HTTP (the V2 handler gives the gRPC one).
 
     Raises:
         ConfigError: The API key cannot be read (from the constructor).
     """
 
     def __init__(self, endpoint: RemoteEndpoint, *, rng: random.Random | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 sender: Callable[[RemoteEndpoint, dict[str, str]], Sender] | None = None) -> None:
         self.endpoint = endpoint
         self.stats = SessionStats()
         self._rng = rng or random.Random()
@@ -349,15 +414,17 @@ class RemoteSession:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="aisp-remote", daemon=True)
         self._thread.start()
-        limits = httpx.Limits(max_connections=endpoint.concurrency.maximum,
-                              max_keepalive_connections=endpoint.concurrency.maximum)
 
-        async def make() -> tuple[httpx.AsyncClient, AimdLimiter]:
-            return (httpx.AsyncClient(base_url=endpoint.url, headers=headers, verify=endpoint.verify(),
-                                      limits=limits, timeout=endpoint.request_timeout_s, transport=transport),
-                    AimdLimiter(endpoint.concurrency))
+        async def make() -> tuple[Sender, AimdLimiter]:
+            made = (sender(endpoint, headers) if sender is not None else
+                    _HttpSender(endpoint, headers, transport))
+            return made, AimdLimiter(endpoint.concurrency)
 
-        self._client, self.limiter = self._run(make())
+        try:
+            self._sender, self.limiter = self._run(make())
+        except BaseException:
+            self._stop_loop()
+            raise
 
     def gauges(self) -> dict[str, Callable[[], int]]:
         """Metric gauges of the session: ``remoteRequests`` (attempts sent), ``remoteRetries``,
@@ -455,32 +522,29 @@ class RemoteSession:
             left = max(deadline - time.monotonic(), endpoint.min_attempt_s)
             timeout = min(endpoint.request_timeout_s, left)
             try:
-                response = await self._client.post(path, json=body, timeout=timeout)
-            except httpx.TimeoutException as exc:
+                reply = await self._sender.send(path, body, timeout)
+            except NoAnswer as exc:
                 # only a full request timeout says the server is slow; one the deadline cut short does not
-                self.limiter.release(began, overloaded=timeout >= endpoint.request_timeout_s)
-                last, status = f"timed out after {timeout:.2f} s ({type(exc).__name__})", None
-            except httpx.TransportError as exc:
-                self.limiter.release(began, overloaded=False)
-                last, status = _redact(f"{type(exc).__name__}: {exc}", self._headers), None
+                full = timeout >= endpoint.request_timeout_s
+                self.limiter.release(began, overloaded=exc.timed_out and full)
+                last, status = exc.text, None
             except BaseException:
                 self.limiter.release(began, overloaded=False)  # never leak the slot (a bug, a cancel)
                 raise
             else:
-                status = response.status_code
-                retry_after = retry_after_seconds(response.headers.get("retry-after"))
+                status = reply.status
+                retry_after = reply.retry_after_s
                 held = None if retry_after is None else min(retry_after, endpoint.max_retry_after_s)
                 self.limiter.release(began, overloaded=status in _OVERLOAD_STATUSES, retry_after_s=held)
                 if status not in RETRYABLE_STATUSES:
                     try:
-                        answer = _json_of(response, path)
+                        answer = reply.answer()
                     except RemoteError:
                         self.stats.fail(status)
                         raise
                     self.limiter.charge_tokens(_total_tokens(answer))
                     return answer
-                last = f"HTTP {status}: {response.text[:_BODY_CHARS]}" + (
-                    f" (Retry-After {retry_after:g} s)" if retry_after else "")
+                last = reply.summary() + (f" (Retry-After {retry_after:g} s)" if retry_after else "")
             if attempts == endpoint.max_attempts:
                 break
             cap = min(endpoint.backoff_cap_s, endpoint.backoff_base_s * 2 ** (attempts - 1))
@@ -509,9 +573,12 @@ class RemoteSession:
         for future in pending:
             future.cancel()
         try:
-            asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result(timeout=5)
-        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError, httpx.HTTPError):
-            pass  # the pool goes with the loop
+            asyncio.run_coroutine_threadsafe(self._sender.aclose(), self._loop).result(timeout=5)
+        except Exception:
+            pass  # a pool that fails to close goes with the loop
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()

@@ -96,6 +96,9 @@ class OpenAIHandlerBase(ModelHandler[Any, Any, OpenAIModel]):
             raise ConfigError(f"a remote model name must be non-empty without control characters, "
                               f"got {model!r}")
         self.endpoint = RemoteEndpoint(url=url, **endpoint)
+        if self.endpoint.is_grpc:
+            raise ConfigError(f"the OpenAI API is HTTP: give an http:// or https:// URL, not {url!r} (gRPC "
+                              "URLs are for the Open Inference Protocol v2 handler)")
         self.model = model
         self.call_log = call_log
         self._checked = False

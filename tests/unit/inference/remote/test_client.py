@@ -155,7 +155,9 @@ def test_the_api_key_is_sent_as_a_bearer_token_and_never_in_a_message(monkeypatc
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"url": "ftp://s"}, "http:// or https://"),
+    ({"url": "ftp://s"}, "http://, https://, grpc:// or grpcs://"),
+    ({"url": "grpc://s"}, "grpc://host:port"),
+    ({"url": "grpcs://s:8001/v2"}, "without a path"),
     ({"url": "http://"}, "with a host"),
     ({"url": "http://s/v2?x=1"}, "without '\\?' or '#'"),
     ({"url": "http://s", "api_key_env": "A", "api_key_file": "f"}, "not both"),
