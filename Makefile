@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.aisp-installed
 
-.PHONY: install servers demo test test-unit test-slow test-all test-deploy lint typecheck docs jars model up down clean
+.PHONY: install servers demo test test-unit test-slow test-all test-deploy lint typecheck docs jars model up down clean protos
 
 install: $(STAMP)
 
@@ -44,6 +44,12 @@ $(LLAMA)/.installed: tests/servers/build_llama_server.sh
 	touch $@
 
 servers: $(SERVERS)/.installed $(LLAMA)/.installed
+
+# The Open Inference Protocol v2 gRPC messages and stub, generated beside their .proto (committed;
+# tests/unit/inference/remote/test_grpc_v2.py checks they match it).
+PROTO := pyflink_aisp/inference/handlers/remote/proto/grpc_predict_v2.proto
+protos: install
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
 
 demo: install
 	$(VENV)/bin/aisp demo

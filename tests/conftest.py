@@ -107,7 +107,9 @@ def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> str:
 def v2_server(tmp_path_factory: pytest.TempPathFactory):
     """A real KServe ModelServer (tests/servers/kserve_onnx.py, from the venv of ``make servers``)
     serving the intent head (rag-intent-classifier's logistic regression, skl2onnx) as model
-    ``intent_head`` over the Open Inference Protocol v2 on a free loopback port: ``(url, onnx path)``."""
+    ``intent_head`` over the Open Inference Protocol v2 on free loopback ports: ``(REST url, onnx
+    path, gRPC url)``."""
+    from pyflink_aisp.local import find_free_port
     from pyflink_aisp.models import build_intent_head
 
     launch = _launch()
@@ -115,8 +117,10 @@ def v2_server(tmp_path_factory: pytest.TempPathFactory):
     onnx_path = folder / "intent-head.onnx"
     build_intent_head(onnx_path)
     try:
-        with launch.kserve_server({"intent_head": onnx_path}, folder / "kserve.log") as url:
-            yield url, onnx_path
+        grpc_port = find_free_port()
+        with launch.kserve_server({"intent_head": onnx_path}, folder / "kserve.log",
+                                  grpc_port=grpc_port) as url:
+            yield url, onnx_path, f"grpc://127.0.0.1:{grpc_port}"
     except (FileNotFoundError, RuntimeError) as exc:
         pytest.fail(str(exc))
 

@@ -96,14 +96,16 @@ def test_a_numeric_model_scores_a_feature_topic_by_options_alone(stack, models, 
     assert letters["missing_feature"]["detail"].startswith("no value at /embedding")
 
 
-@pytest.mark.parametrize("mode", ["batch", "streaming"])
+@pytest.mark.parametrize(("mode", "binding"), [("batch", "rest"), ("streaming", "grpc")])
 def test_a_numeric_model_on_a_kserve_server_scores_the_topic_by_options_alone(
-        stack, features, v2_server, job_outputs, mode):
+        stack, features, v2_server, job_outputs, mode, binding):
     """Issue 22: the same model served by a real KServe ModelServer over the Open Inference Protocol
-    v2, called by --remote-url: the same outputs as sklearn's, several records per request."""
-    url, onnx_path = v2_server
+    v2, called by --remote-url (its REST URL, or its gRPC endpoint at grpc://): the same outputs as
+    sklearn's, several records per request."""
+    rest_url, onnx_path, grpc_url = v2_server
+    url = grpc_url if binding == "grpc" else rest_url
     bootstrap = str(stack.status().bootstrap_servers)
-    out_topic = f"features-remote-{mode}"
+    out_topic = f"features-remote-{mode}-{binding}"
     create_topics(bootstrap, [out_topic, f"{out_topic}.dlq"])
     stdout, read = job_outputs(stack, mode, (
         "--bootstrap-servers", bootstrap, "--input-topic", "features", "--output-topic", out_topic,

@@ -26,8 +26,10 @@ def kserve_python() -> Path:
 
 
 @contextlib.contextmanager
-def kserve_server(models: dict[str, Path], log_path: Path, *, timeout_s: float = 90.0) -> Iterator[str]:
-    """Serve ``{name: onnx file}`` over the Open Inference Protocol v2; yields the base URL.
+def kserve_server(models: dict[str, Path], log_path: Path, *, timeout_s: float = 90.0,
+                  grpc_port: int | None = None) -> Iterator[str]:
+    """Serve ``{name: onnx file}`` over the Open Inference Protocol v2, REST and gRPC (on
+    ``grpc_port``, default a free port); yields the REST base URL.
 
     Raises:
         FileNotFoundError: No servers venv (run ``make servers``).
@@ -36,7 +38,7 @@ def kserve_server(models: dict[str, Path], log_path: Path, *, timeout_s: float =
     python = kserve_python()
     if not python.exists():
         raise FileNotFoundError(f"{python} is missing: run `make servers` (make test does)")
-    http_port, grpc_port = find_free_port(), find_free_port()
+    http_port, grpc_port = find_free_port(), grpc_port or find_free_port()
     specs = [arg for name, path in models.items() for arg in ("--onnx", f"{name}={path}")]
     url = f"http://127.0.0.1:{http_port}"
     with _serve([str(python), str(HERE / "kserve_onnx.py"), "--http_port", str(http_port), "--grpc_port",

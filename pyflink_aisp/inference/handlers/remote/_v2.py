@@ -1,4 +1,5 @@
-"""A numeric model behind an Open Inference Protocol v2 server (KServe, Triton, MLServer), over REST.
+"""A numeric model behind an Open Inference Protocol v2 server (KServe, Triton, MLServer), over REST
+or gRPC.
 
 The protocol ("KServe v2", https://github.com/kserve/open-inference-protocol, REST binding):
 ``GET /v2/models/{name}[/versions/{v}]`` gives the model's inputs and outputs (name,
@@ -25,6 +26,10 @@ BYTES ``[-1, k]``                 ARRAY<STRING>
 A request that fails (see :mod:`._client`) fails its rows alone, as ``remote_error`` or
 ``remote_timeout`` dead letters; nothing is sent twice by the batcher (the handler returns
 the error in those rows' places instead of raising).
+
+A ``grpc://host:port`` (``grpcs://``: TLS) URL speaks the protocol's gRPC binding instead
+(:mod:`._grpc_v2`): the same metadata, tensors and outputs, as protobuf messages on one
+HTTP/2 channel per worker, with the same retries, limits and dead letters.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from pyflink_aisp.errors import ConfigError, ModelError, RemoteError
 from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
 from pyflink_aisp.inference.handlers._onnx_predictor import output_field_name
 from pyflink_aisp.inference.handlers.remote._client import RemoteEndpoint, RemoteSession, path_segment
+from pyflink_aisp.inference.handlers.remote._grpc_v2 import GrpcV2Sender, infer_request, model_metadata
 from pyflink_aisp.inference.tasks import OutputField, PredictionTask, SqlType
 
 __all__ = ["V2Model", "V2PredictorHandler"]
@@ -142,7 +148,7 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
 
     Args:
         url: The server's base URL (``http://host:8000`` for Triton, the predictor's URL for
-            KServe).
+            KServe), or its gRPC endpoint (``grpc://host:8001``, ``grpcs://`` for TLS).
         model: The model's name on the server.
         version: A model version, or None for the server's choice.
         rows_per_request: Most rows in one request's tensor (>= 1).
@@ -178,12 +184,15 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
         """
         if self._plan is None:
             try:
-                metadata = self.endpoint.get_json(self._path)
+                metadata = (model_metadata(self.endpoint, self.model, self.version) if self.endpoint.is_grpc
+                            else self.endpoint.get_json(self._path))
             except RemoteError as exc:
                 if exc.status == 404:
                     raise RemoteError(f"{self.endpoint.url} serves no model {self.model!r}"
-                                      f"{f' version {self.version}' if self.version else ''} (HTTP 404 on "
-                                      f"{self._path})", 404) from None
+                                      f"{f' version {self.version}' if self.version else ''} ("
+                                      f"{'gRPC NOT_FOUND' if self.endpoint.is_grpc else 'HTTP 404 on '}"
+                                      f"{'' if self.endpoint.is_grpc else self._path})",
+                                      404) from None
                 raise
             self._plan = _plan(self.model, metadata)
         return self._plan
@@ -209,7 +218,8 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
             now, was = [f.name for _, f in plan.outputs], [f.name for _, f in declared.outputs]
             raise ModelError(f"remote model {self.model} changed since the job was built: it now declares "
                              f"{now} (was {was})")
-        return V2Model(RemoteSession(self.endpoint), plan)
+        return V2Model(RemoteSession(self.endpoint, sender=GrpcV2Sender if self.endpoint.is_grpc else None),
+                       plan)
 
     def release_model(self, model: V2Model) -> None:
         model.session.close()
@@ -237,10 +247,13 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
         """``k`` predictions or, for the rows of a failed request, its error."""
         plan, k, step = model.plan, matrix.shape[0], self.rows_per_request
         parts = [matrix[i:i + step] for i in range(0, k, step)]
-        bodies = [(f"{self._path}/infer", {
+        names = [name for name, _ in plan.outputs]
+        grpc = self.endpoint.is_grpc
+        bodies = [(f"{self._path}/infer", infer_request(self.model, self.version, plan.input_name,
+                                                        plan.datatype, part, names) if grpc else {
             "inputs": [{"name": plan.input_name, "shape": list(part.shape), "datatype": plan.datatype,
                         "data": part.ravel().tolist()}],
-            "outputs": [{"name": name} for name, _ in plan.outputs]}) for part in parts]
+            "outputs": [{"name": name} for name in names]}) for part in parts]
         results: list[Any] = []
         for part, answer in zip(parts, model.session.gather(bodies), strict=True):
             if isinstance(answer, RemoteError):
