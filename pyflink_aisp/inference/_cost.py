@@ -20,10 +20,11 @@ the batcher's limits (rows per batch, padded-token budget, length buckets).
 :class:`BatchCostModel` fits ``a`` and ``b`` online (a robust line fit) over
 the last batches the model really ran (their padded tokens and compute time),
 so the same code cuts well on a CPU (large ``b``) and on a GPU (large ``a``).
-When the calls seen so far cannot place ``a`` above 0 (all batches of one
-size: a long batch costs slightly more than linearly, so the fitted intercept
-can fall below 0), no cost is given and chunks are cut fixed until smaller
-batches have run.
+When the calls seen so far place ``a`` at or below 0 (a long batch costs
+slightly more than linearly, so the fitted intercept can fall below 0), ``a``
+is floored at one token's work (``b``): cutting fixed instead kept the padding
+of spread-out lengths that the cuts exist to remove, and never ran the smaller
+batches a better fit needs.
 
 Pure and single-threaded (the batcher's thread owns one).
 """
