@@ -13,6 +13,7 @@ import os
 import sys
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -103,24 +104,39 @@ def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> str:
         yield server.url
 
 
+class V2Server(NamedTuple):
+    """The ``v2_server`` fixture: the REST base URL, the intent head's graph, the gRPC URL and the
+    review text model's graph."""
+
+    url: str
+    onnx_path: Path
+    grpc_url: str
+    text_onnx_path: Path
+
+
 @pytest.fixture(scope="session")
 def v2_server(tmp_path_factory: pytest.TempPathFactory):
     """A real KServe ModelServer (tests/servers/kserve_onnx.py, from the venv of ``make servers``)
-    serving the intent head (rag-intent-classifier's logistic regression, skl2onnx) as model
-    ``intent_head`` over the Open Inference Protocol v2 on free loopback ports: ``(REST url, onnx
-    path, gRPC url)``."""
+    over the Open Inference Protocol v2 (REST and gRPC) on free loopback ports, serving the intent
+    head (rag-intent-classifier's logistic regression, skl2onnx) as model ``intent_head`` and a text
+    model (tests/servers/text_model.py: one string input) as ``review_tfidf``: a :class:`V2Server`."""
     from pyflink_aisp.local import find_free_port
     from pyflink_aisp.models import build_intent_head
 
     launch = _launch()
+    sys.path.insert(0, str(ROOT / "tests" / "servers"))
+    try:
+        import text_model
+    finally:
+        sys.path.pop(0)
     folder = tmp_path_factory.mktemp("v2-server")
-    onnx_path = folder / "intent-head.onnx"
-    build_intent_head(onnx_path)
+    onnx_path = build_intent_head(folder / "intent-head.onnx")
+    text_path = text_model.build_review_tfidf(folder / "review-tfidf.onnx")
     try:
         grpc_port = find_free_port()
-        with launch.kserve_server({"intent_head": onnx_path}, folder / "kserve.log",
-                                  grpc_port=grpc_port) as url:
-            yield url, onnx_path, f"grpc://127.0.0.1:{grpc_port}"
+        served = {"intent_head": onnx_path, "review_tfidf": text_path}
+        with launch.kserve_server(served, folder / "kserve.log", grpc_port=grpc_port) as url:
+            yield V2Server(url, onnx_path, f"grpc://127.0.0.1:{grpc_port}", text_path)
     except (FileNotFoundError, RuntimeError) as exc:
         pytest.fail(str(exc))
 

@@ -473,9 +473,10 @@ class PipelineOptions(InferenceOptions):
     id_field: str | None = opt('/id', J, "Where the id of each record is: a JSON Pointer, or 'key' (the "
         "record's Kafka key, UTF-8; any value format); a record without one, and every record with 'none', "
         "is scored under its topic/partition/offset.", nullable=True)
-    feature_fields: str | None = opt(None, J, 'The feature vector of each JSON record for --predictor: one '
-        'JSON Pointer to an array of numbers (/features), or comma-separated pointers to numbers '
-        '(/amount,/age); no text is read then.', nullable=True)
+    feature_fields: str | None = opt(None, J, 'The feature vector of each JSON record for --predictor and '
+        'a numeric model on a V2 server: one JSON Pointer to an array of numbers (/features), or '
+        'comma-separated pointers to numbers (/amount,/age); no text is read then. Without it a V2 '
+        "server's model takes the record's text (one BYTES input).", nullable=True)
     models: Path | None = opt(None, J, 'A model registry (YAML: named models, each its task, path and '
         'options; `aisp models list FILE`); with --model, the job runs that model.', nullable=True)
     model: str | None = opt(None, J, 'The model of --models the job runs: its task, path and options '
@@ -590,10 +591,14 @@ class PipelineOptions(InferenceOptions):
             raise ConfigError(f"--value-format / --text-field / --text-pair-field / --id-field / "
                               f"--keep-fields / --feature-fields / --schema-registry-url: {exc}") from None
         v2 = self.remote_url is not None and self.remote_api is RemoteApi.V2
-        numeric = self.predictor is not None or v2
-        if numeric != bool(self.feature_fields):
-            raise ConfigError("--predictor and --remote-url (--remote-api v2) read the feature vectors of "
-                              "--feature-fields: give both, or neither")
+        if self.predictor is not None and not self.feature_fields:
+            raise ConfigError("--predictor reads the feature vectors of --feature-fields: give both")
+        if self.feature_fields and not (self.predictor is not None or v2):
+            raise ConfigError("--feature-fields is read by --predictor and --remote-url (--remote-api v2) "
+                              "only: other models take the record's text")
+        if v2 and not self.feature_fields and self.text_pair_field is not None:
+            raise ConfigError("--text-pair-field is not for a V2 text model (one BYTES input: one text per "
+                              "record)")
         if self.feature_fields and self.operator is Runner.ASYNC:
             raise ConfigError("--feature-fields runs on --operator arrow (the default): the async operator "
                               "carries texts")

@@ -104,7 +104,10 @@ def remote_handler(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
         "deadline_s": options.remote_deadline_s, "concurrency": concurrency}
     api, rows = options.remote_api, options.remote_rows_per_request
     if api is RemoteApi.V2:
-        return V2PredictorHandler(version=options.remote_model_version, rows_per_request=rows, **endpoint)
+        # a job without --feature-fields reads each record's text; a registry entry (task predict) vectors
+        texts = hasattr(options, "feature_fields") and not options.feature_fields
+        return V2PredictorHandler(version=options.remote_model_version, rows_per_request=rows, texts=texts,
+                                  **endpoint)
     if options.remote_call_log is not None:
         servers = options.remote_call_log_servers or getattr(options, "servers", None)
         if servers is None:

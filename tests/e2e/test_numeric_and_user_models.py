@@ -1,7 +1,8 @@
 """Issue 21, tasks by options alone through `flink run` on the standalone cluster: a numeric ONNX
 model (rag-intent-classifier's logistic regression, converted by skl2onnx) on a topic of real
-embeddings, by --predictor in BATCH and by a registry entry (--models/--model) in STREAMING; and a
-user's own handler by --handler module:Class, shipped with -pyfs."""
+embeddings, by --predictor in BATCH and by a registry entry (--models/--model) in STREAMING; the
+same model and a text model on a KServe server over V2 (issue 22); and a user's own handler by
+--handler module:Class, shipped with -pyfs."""
 
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def test_a_numeric_model_on_a_kserve_server_scores_the_topic_by_options_alone(
     """Issue 22: the same model served by a real KServe ModelServer over the Open Inference Protocol
     v2, called by --remote-url (its REST URL, or its gRPC endpoint at grpc://): the same outputs as
     sklearn's, several records per request."""
-    rest_url, onnx_path, grpc_url = v2_server
+    rest_url, onnx_path, grpc_url = v2_server.url, v2_server.onnx_path, v2_server.grpc_url
     url = grpc_url if binding == "grpc" else rest_url
     bootstrap = str(stack.status().bootstrap_servers)
     out_topic = f"features-remote-{mode}-{binding}"
@@ -128,6 +129,40 @@ def test_a_numeric_model_on_a_kserve_server_scores_the_topic_by_options_alone(
         np.testing.assert_allclose(doc["probabilities"], want[i], atol=1e-5)
         assert doc["label"] == labels[i]
     assert sorted(json.loads(m.value())["reason"] for m in dlq) == ["inference_error", "missing_feature"]
+
+
+def test_a_text_model_on_a_kserve_server_scores_the_reviews_over_grpc(stack, v2_server, job_outputs):
+    """Issue 22, text models over V2: without --feature-fields the job sends each record's text as a
+    BYTES tensor, here over the gRPC binding, to a model that owns its tokenizer (the server's
+    ``review_tfidf``); the outputs are the same graph's in process, a record without text a dead letter."""
+    import onnxruntime as ort
+
+    bootstrap = str(stack.status().bootstrap_servers)
+    _, heldout = split_reviews(load_rotten_tomatoes())
+    reviews = heldout[:N]
+    t_in, t_out = "reviews-v2-text", "reviews-v2-text-out"
+    create_topics(bootstrap, [t_in, t_out, f"{t_out}.dlq"])
+    records = [{"id": r.id, "text": r.text} for r in reviews] + [{"id": "no-text", "body": "elsewhere"}]
+    assert ingest_records(bootstrap, t_in, records, progress=False).delivered == N + 1
+    stdout, read = job_outputs(stack, "batch", (
+        "--bootstrap-servers", bootstrap, "--input-topic", t_in, "--output-topic", t_out,
+        "--remote-url", v2_server.grpc_url, "--remote-model", "review_tfidf",
+        "--remote-rows-per-request", "16",
+        "--id-field", "/id"), {t_out: N, f"{t_out}.dlq": 1})
+    assert f": {N + 1} in, {N} out, 1 dead letters" in stdout
+    docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in read[t_out]}
+    assert sorted(docs) == sorted(r.id for r in reviews) and len(read[t_out]) == N
+    session = ort.InferenceSession(str(v2_server.text_onnx_path), providers=["CPUExecutionProvider"])
+    labels, probabilities = session.run(None, {"text": np.array([r.text for r in reviews], dtype=object)
+                                               .reshape(-1, 1)})
+    for i, r in enumerate(reviews):
+        doc = docs[r.id]
+        assert list(doc) == ["id", "label", "probabilities", "model_sha256"]
+        assert doc["label"] == labels[i] and doc["model_sha256"] == "v2:review_tfidf"
+        np.testing.assert_allclose(doc["probabilities"], probabilities[i], atol=1e-6)
+    [letter] = [json.loads(m.value()) for m in read[f"{t_out}.dlq"]]
+    assert letter["reason"] == "missing_text"
+    assert json.loads(base64.b64decode(letter["value_base64"])) == {"id": "no-text", "body": "elsewhere"}
 
 
 def test_a_users_handler_runs_by_option_shipped_with_pyfs(stack, tmp_path):

@@ -48,7 +48,11 @@ class OnnxModel(Model):
         feeds = {}
         for arg in self.session.get_inputs():
             tensor = next(i for i in payload.inputs if i.name == arg.name)
-            feeds[arg.name] = tensor.as_numpy()
+            value = tensor.as_numpy()
+            if arg.type == "tensor(string)":  # BYTES elements arrive as bytes (gRPC) or str (REST)
+                texts = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in value.ravel()]
+                value = np.array(texts, dtype=object).reshape(value.shape)
+            feeds[arg.name] = value
         names = [a.name for a in self.session.get_outputs()]
         values = self.session.run(names, feeds)
         outputs = []

@@ -42,7 +42,7 @@ def _run(handler, rows, batch=100):
 
 
 def test_the_grpc_binding_answers_as_the_graph_in_process_and_as_rest(v2_server, embeddings) -> None:
-    rest_url, onnx_path, grpc_url = v2_server
+    rest_url, onnx_path, grpc_url = v2_server.url, v2_server.onnx_path, v2_server.grpc_url
     over_grpc = V2PredictorHandler(url=grpc_url, model="intent_head", rows_per_request=16)
     assert [f.name for f in over_grpc.task().fields] == ["label", "probabilities"]
     got, stats = _run(over_grpc, embeddings)
@@ -59,7 +59,7 @@ def test_the_grpc_binding_answers_as_the_graph_in_process_and_as_rest(v2_server,
 
 
 def test_the_start_up_check_names_an_unknown_model_and_the_rest_port(v2_server) -> None:
-    rest_url, _, grpc_url = v2_server
+    rest_url, grpc_url = v2_server.url, v2_server.grpc_url
     with pytest.raises(RemoteError, match="serves no model 'fraud' \\(gRPC NOT_FOUND\\)"):
         V2PredictorHandler(url=grpc_url, model="fraud").check()
     rest_as_grpc = "grpc://" + rest_url.removeprefix("http://")

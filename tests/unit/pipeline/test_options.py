@@ -789,3 +789,25 @@ def test_a_second_text_field_maps_a_pair_and_is_refused_where_it_cannot_run() ->
     parsed = PipelineOptions.from_args(["--input-topic", "in", "--output-topic", "out",
                                         "--text-pair-field", "/passage"])
     assert parsed.text_pair_field == "/passage"
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"predictor": Path("m.onnx")}, "--predictor reads the feature vectors of --feature-fields: give both"),
+    ({"feature_fields": "/x"}, "--feature-fields is read by --predictor and --remote-url .* only"),
+    ({"remote_url": "http://h", "remote_model": "m", "text_pair_field": "/b"},
+     "--text-pair-field is not for a V2 text model"),
+])
+def test_feature_fields_go_with_numeric_models_and_a_v2_text_model_takes_one_text(fields, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        job(**fields)
+
+
+def test_a_v2_model_takes_texts_without_feature_fields_and_vectors_with_them() -> None:
+    from pyflink_aisp.pipeline._handlers import remote_handler
+
+    remote = ["--remote-url", "grpc://h:8001", "--remote-model", "m"]
+    assert remote_handler(PipelineOptions.from_args([*BASE, *remote])).texts is True  # type: ignore[attr-defined]
+    vectors = PipelineOptions.from_args([*BASE, *remote, "--feature-fields", "/x"])
+    assert remote_handler(vectors).texts is False  # type: ignore[attr-defined]
+    registry_entry = InferenceOptions(remote_url="http://h", remote_model="m")  # task predict: vectors
+    assert remote_handler(registry_entry).texts is False  # type: ignore[attr-defined]

@@ -84,12 +84,18 @@ def _metadata(headers: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 def infer_request(model: str, version: str | None, input_name: str, datatype: str,
                   matrix: npt.NDArray[Any], output_names: list[str]) -> Any:
-    """A ``ModelInferRequest`` of one ``(k, n)`` tensor of ``datatype`` (raw contents), asking
-    for ``output_names``."""
+    """A ``ModelInferRequest`` of one tensor of ``datatype`` (raw contents: little-endian numbers,
+    or for ``BYTES`` each string's 4-byte little-endian length and UTF-8 bytes), asking for
+    ``output_names``."""
     request = pb.ModelInferRequest(model_name=model, model_version=version or "")
     tensor = request.inputs.add(name=input_name, datatype=datatype)
     tensor.shape.extend(int(d) for d in matrix.shape)
-    request.raw_input_contents.append(np.ascontiguousarray(matrix, dtype=_RAW[datatype]).tobytes())
+    if datatype == "BYTES":
+        encoded = [str(s).encode("utf-8") for s in matrix.ravel()]
+        raw = b"".join(len(e).to_bytes(4, "little") + e for e in encoded)
+    else:
+        raw = np.ascontiguousarray(matrix, dtype=_RAW[datatype]).tobytes()
+    request.raw_input_contents.append(raw)
     for name in output_names:
         request.outputs.add(name=name)
     return request

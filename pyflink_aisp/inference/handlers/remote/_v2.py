@@ -1,5 +1,5 @@
-"""A numeric model behind an Open Inference Protocol v2 server (KServe, Triton, MLServer), over REST
-or gRPC.
+"""A numeric or text model behind an Open Inference Protocol v2 server (KServe, Triton, MLServer),
+over REST or gRPC.
 
 The protocol ("KServe v2", https://github.com/kserve/open-inference-protocol, REST binding):
 ``GET /v2/models/{name}[/versions/{v}]`` gives the model's inputs and outputs (name,
@@ -22,6 +22,11 @@ FP16/FP32 ``[-1, k]``             ARRAY<FLOAT>
 FP64 ``[-1, k]``                  ARRAY<DOUBLE>
 BYTES ``[-1, k]``                 ARRAY<STRING>
 ================================  ==============
+
+A text model (``texts=True``) takes each record's text instead: its one input is ``BYTES`` of
+shape ``[-1]`` or ``[-1, 1]`` (a Triton Python or ensemble model with its own tokenizer, an ONNX
+graph with a string input), and the texts go as the tensor's elements (JSON strings over REST;
+each a 4-byte little-endian length and its UTF-8 bytes in the gRPC binding's raw contents).
 
 A request that fails (see :mod:`._client`) fails its rows alone, as ``remote_error`` or
 ``remote_timeout`` dead letters; nothing is sent twice by the batcher (the handler returns
@@ -77,36 +82,49 @@ def _field(model: str, spec: dict[str, Any]) -> tuple[str, OutputField]:
 
 @dataclass(frozen=True)
 class _Plan:
-    """What the metadata says: the one float input and the outputs."""
+    """What the metadata says: the one input (float ``[-1, n]``, or ``BYTES`` ``[-1]`` /
+    ``[-1, 1]`` for texts: ``rank`` 1 or 2) and the outputs."""
 
     input_name: str
     datatype: str
     n_features: int | None
     outputs: tuple[tuple[str, OutputField], ...]
+    rank: int = 2
+
+    @property
+    def texts(self) -> bool:
+        return self.datatype == "BYTES"
 
 
-def _plan(model: str, metadata: Any) -> _Plan:
+def _plan(model: str, metadata: Any, *, texts: bool = False) -> _Plan:
     """Read the model metadata.
 
     Raises:
-        ModelError: Not V2 metadata, not one float ``[-1, n]`` input, or an output no field takes.
+        ModelError: Not V2 metadata, not one float ``[-1, n]`` input (``texts``: one ``BYTES``
+            ``[-1]`` or ``[-1, 1]`` input), or an output no field takes.
     """
     if not isinstance(metadata, dict) or not isinstance(metadata.get("inputs"), list) or not isinstance(
             metadata.get("outputs"), list):
         raise ModelError(f"remote model {model}: the metadata has no inputs and outputs: is the URL an Open "
                          f"Inference Protocol v2 server? got {str(metadata)[:200]!r}")
     inputs = metadata["inputs"]
-    if len(inputs) != 1 or inputs[0].get("datatype") not in _FLOATS or len(inputs[0].get("shape") or []) != 2:
+    shape = (inputs[0].get("shape") or []) if len(inputs) == 1 else []
+    datatype = inputs[0].get("datatype") if len(inputs) == 1 else None
+    if texts and (datatype != "BYTES" or shape not in ([-1], [-1, 1])):
+        raise ModelError(f"remote model {model} takes {inputs}: a text model takes one BYTES tensor [-1] or "
+                         "[-1, 1] (a numeric model: give --feature-fields)")
+    if not texts and (datatype not in _FLOATS or len(shape) != 2):
+        hint = " (a text model: leave out --feature-fields)" if datatype == "BYTES" else ""
         raise ModelError(f"remote model {model} takes {inputs}: a numeric model takes one float tensor "
-                         "[-1, n_features]")
-    width = inputs[0]["shape"][1]
+                         f"[-1, n_features]{hint}")
+    width = shape[1] if len(shape) == 2 else None
     outputs = tuple(_field(model, spec) for spec in metadata["outputs"])
     names = [f.name for _, f in outputs]
     if not names or len(set(names)) != len(names):
         raise ModelError(f"remote model {model} gives the output fields {names}: need one or more, unique")
     return _Plan(inputs[0]["name"], inputs[0]["datatype"],
                  width if isinstance(width, int) and width > 0 else None,
-                 outputs)
+                 outputs, len(shape))
 
 
 @dataclass(eq=False)
@@ -122,11 +140,19 @@ class V2Model:
     plan: _Plan
 
     def stack(self, examples: Sequence[Any]) -> npt.NDArray[Any]:
-        """``k`` feature vectors → ``(k, n_features)`` of the input's dtype.
+        """``k`` feature vectors → ``(k, n_features)`` of the input's dtype; for a text model,
+        ``k`` strings → an object array ``(k,)`` or ``(k, 1)`` (the input's rank).
 
         Raises:
-            ValueError: A vector that is not one-dimensional numbers of the model's width.
+            ValueError: A vector that is not one-dimensional numbers of the model's width, or
+                (a text model) an example that is not a string.
         """
+        if self.plan.texts:
+            bad = next((x for x in examples if not isinstance(x, str)), None)
+            if bad is not None:
+                raise ValueError(f"a text model takes strings, got {type(bad).__name__}")
+            texts = np.array(list(examples), dtype=object)
+            return texts.reshape(-1, 1) if self.plan.rank == 2 else texts
         dtype = _FLOATS[self.plan.datatype]
         rows = [np.asarray(x, dtype=dtype) for x in examples]
         for row in rows:
@@ -142,7 +168,7 @@ class V2Model:
 class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
     """A numeric model served over the Open Inference Protocol v2 (see the module docstring).
 
-    Examples are ``(n_features,)`` number sequences; predictions ``{field name: value}``
+    Examples are ``(n_features,)`` number sequences (``texts``: strings); predictions ``{field name: value}``
     rendered by the :class:`~pyflink_aisp.inference.tasks.PredictionTask` of :meth:`task`.
     The model version is ``v2:{model}`` or ``v2:{model}/{version}``.
 
@@ -152,6 +178,7 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
         model: The model's name on the server.
         version: A model version, or None for the server's choice.
         rows_per_request: Most rows in one request's tensor (>= 1).
+        texts: The model takes the records' texts (one ``BYTES`` input), not feature vectors.
         api_key_env / api_key_file / ca_file / request_timeout_s / deadline_s / max_attempts /
         concurrency: As :class:`~pyflink_aisp.inference.handlers.remote.RemoteEndpoint`.
 
@@ -160,13 +187,14 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
     """
 
     def __init__(self, *, url: str, model: str, version: str | None = None, rows_per_request: int = 64,
-                 **endpoint: Any) -> None:
+                 texts: bool = False, **endpoint: Any) -> None:
         self._segments = (path_segment("model name", model),
                           None if version is None else path_segment("model version", version))
         if rows_per_request < 1:
             raise ConfigError(f"rows_per_request must be >= 1, got {rows_per_request}")
         self.endpoint = RemoteEndpoint(url=url, **endpoint)
         self.model, self.version, self.rows_per_request = model, version, rows_per_request
+        self.texts = texts
         self._plan: _Plan | None = None
 
     @property
@@ -194,7 +222,7 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
                                       f"{'' if self.endpoint.is_grpc else self._path})",
                                       404) from None
                 raise
-            self._plan = _plan(self.model, metadata)
+            self._plan = _plan(self.model, metadata, texts=self.texts)
         return self._plan
 
     def task(self, *, with_embedding: bool = False) -> PredictionTask:
@@ -266,6 +294,8 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
         return results
 
     def batch_byte_size(self, batch: Sequence[Any]) -> int:
+        if self.texts:
+            return sum(len(x.encode("utf-8")) if isinstance(x, str) else 0 for x in batch)
         return sum(4 * len(x) for x in batch)
 
 

@@ -181,3 +181,44 @@ def test_a_non_finite_vector_fails_alone_before_any_request() -> None:
         assert len(handler.run_inference([[1.0, 2.0, 3.0]], model)) == 1  # still serving
     finally:
         handler.release_model(model)
+
+
+TEXT_META = {"name": "tfidf", "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}],
+             "outputs": [{"name": "label", "datatype": "BYTES", "shape": [-1]}]}
+
+
+def test_a_text_model_takes_one_bytes_input_and_the_texts_go_as_strings() -> None:
+    plan = _plan("tfidf", TEXT_META, texts=True)
+    assert plan.texts and plan.rank == 2 and plan.n_features == 1
+    requests = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        requests.append(body)
+        [tensor] = body["inputs"]
+        return httpx.Response(200, json={"outputs": [{"name": "label", "datatype": "BYTES",
+                                                      "shape": [tensor["shape"][0]],
+                                                      "data": [t.upper() for t in tensor["data"]]}]})
+
+    handler = V2PredictorHandler(url="http://s", model="tfidf", texts=True, rows_per_request=2)
+    model = V2Model(RemoteSession(handler.endpoint, transport=httpx.MockTransport(answer)), plan)
+    try:
+        out = handler.run_inference(["é bien", "dull", "ok"], model)
+        assert [o["label"] for o in out] == ["É BIEN", "DULL", "OK"]
+        assert requests[0]["inputs"] == [{"name": "text", "shape": [2, 1], "datatype": "BYTES",
+                                          "data": ["é bien", "dull"]}]
+        assert handler.batch_byte_size(["é bien", "dull"]) == 7 + 4  # UTF-8 bytes
+        with pytest.raises(ValueError, match="a text model takes strings, got int"):
+            model.stack(["a", 3])
+    finally:
+        model.session.close()
+
+
+@pytest.mark.parametrize(("inputs", "texts", "message"), [
+    (TEXT_META["inputs"], False, "numeric model takes one float tensor .*a text model: leave out --feature"),
+    (META["inputs"], True, "a text model takes one BYTES tensor \\[-1\\] or \\[-1, 1\\]"),
+    ([{"name": "t", "datatype": "BYTES", "shape": [-1, 2]}], True, "a text model takes one BYTES tensor"),
+])
+def test_an_input_of_the_other_kind_is_refused_with_a_hint(inputs, texts, message) -> None:
+    with pytest.raises(ModelError, match=message):
+        _plan("m", {**TEXT_META, "inputs": inputs}, texts=texts)
