@@ -10,45 +10,24 @@ import math
 import numpy as np
 import pytest
 
-from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.errors import RemoteError
-from pyflink_aisp.inference.handlers import OnnxEncoderHandler, OnnxPredictorHandler, Pooling
+from pyflink_aisp.inference.handlers import OnnxPredictorHandler
 from pyflink_aisp.inference.handlers.remote import V2PredictorHandler
-from pyflink_aisp.models import build_minilm_encoder
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def embeddings(tmp_path_factory):
-    """(300, 384) float32: MiniLM embeddings of real reviews (the intent head's input)."""
-    folder = tmp_path_factory.mktemp("minilm-grpc")
-    build_minilm_encoder(folder)
-    encoder = OnnxEncoderHandler(model_path=folder / "model.onnx", tokenizer_path=folder / "tokenizer.json",
-                                 pooling=Pooling.NONE)
-    texts = [r.text for r in load_rotten_tomatoes()[:300]]
-    return np.stack(encoder.run_inference(texts, encoder.load_model())).astype(np.float32)
-
-
-def _run(handler, rows, batch=100):
-    model = handler.load_model()
-    try:
-        out = []
-        for i in range(0, len(rows), batch):
-            out.extend(handler.run_inference(list(rows[i:i + batch]), model))
-        return out, model.session.stats
-    finally:
-        handler.release_model(model)
-
-
-def test_the_grpc_binding_answers_as_the_graph_in_process_and_as_rest(v2_server, embeddings) -> None:
+def test_the_grpc_binding_answers_as_the_graph_in_process_and_as_rest(
+        run_handler, v2_server, embeddings) -> None:
     rest_url, onnx_path, grpc_url = v2_server.url, v2_server.onnx_path, v2_server.grpc_url
     over_grpc = V2PredictorHandler(url=grpc_url, model="intent_head", rows_per_request=16)
     assert [f.name for f in over_grpc.task().fields] == ["label", "probabilities"]
-    got, stats = _run(over_grpc, embeddings)
-    rest, _ = _run(V2PredictorHandler(url=rest_url, model="intent_head", rows_per_request=16), embeddings)
+    got, session = run_handler(over_grpc, embeddings[:300], batch=100)
+    stats = session.stats
+    rest_handler = V2PredictorHandler(url=rest_url, model="intent_head", rows_per_request=16)
+    rest, _ = run_handler(rest_handler, embeddings[:300], batch=100)
     local = OnnxPredictorHandler(model_path=onnx_path)
-    want = local.run_inference(list(embeddings), local.load_model())
+    want = local.run_inference(list(embeddings[:300]), local.load_model())
     assert not [g for g in got if isinstance(g, BaseException)]
     for g, r, w in zip(got, rest, want, strict=True):
         assert g["label"] == r["label"] == w["label"]

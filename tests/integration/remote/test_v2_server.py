@@ -15,28 +15,15 @@ import numpy as np
 import pytest
 
 from pyflink_aisp.chaos import FaultProxy, Faults
-from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.errors import RemoteError, RemoteTimeoutError
-from pyflink_aisp.inference.handlers import OnnxEncoderHandler, OnnxPredictorHandler, Pooling
+from pyflink_aisp.inference.handlers import OnnxPredictorHandler
 from pyflink_aisp.inference.handlers.remote import LimiterConfig, V2PredictorHandler
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
-from pyflink_aisp.models import build_minilm_encoder
 from pyflink_aisp.pipeline import PipelineOptions
 from pyflink_aisp.pipeline.flink import build_pipeline, make_environment
 
 pytestmark = pytest.mark.integration
 INFER = "/v2/models/intent_head/infer"
-
-
-@pytest.fixture(scope="module")
-def embeddings(tmp_path_factory):
-    """(600, 384) float32: MiniLM embeddings of real reviews (the intent head's input)."""
-    folder = tmp_path_factory.mktemp("minilm")
-    build_minilm_encoder(folder)
-    encoder = OnnxEncoderHandler(model_path=folder / "model.onnx", tokenizer_path=folder / "tokenizer.json",
-                                 pooling=Pooling.NONE)
-    texts = [r.text for r in load_rotten_tomatoes()[:600]]
-    return np.stack(encoder.run_inference(texts, encoder.load_model())).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -51,35 +38,24 @@ def _same(got, want):
     np.testing.assert_allclose(got["probabilities"], want["probabilities"], atol=1e-6)
 
 
-def _run(handler, rows, batch=64):
-    model = handler.load_model()
-    try:
-        out = []
-        for i in range(0, len(rows), batch):
-            out.extend(handler.run_inference(list(rows[i:i + batch]), model))
-        return out, model.session
-    finally:
-        handler.release_model(model)
-
-
 def test_the_served_model_answers_as_the_graph_in_process_several_rows_per_request(
-        v2_server, embeddings, local):
+        run_handler, v2_server, embeddings, local):
     with FaultProxy(v2_server[0]) as proxy:
         handler = V2PredictorHandler(url=proxy.url, model="intent_head", rows_per_request=16)
         assert [f.name for f in handler.task().fields] == ["label", "probabilities"]
-        out, session = _run(handler, embeddings, batch=100)
+        out, session = run_handler(handler, embeddings, batch=100)
     for got, want in zip(out, local, strict=True):
         _same(got, want)
     assert proxy.requests(INFER) == 6 * math.ceil(100 / 16) == session.stats.requests
     assert proxy.counts[("/v2/models/intent_head", "forwarded")] == 2  # the job's client and the worker
 
 
-def test_a_fixed_request_rate_spaces_the_requests_the_server_sees(v2_server, embeddings, local):
+def test_a_fixed_request_rate_spaces_the_requests_the_server_sees(run_handler, v2_server, embeddings, local):
     started = time.time()
     with FaultProxy(v2_server[0]) as proxy:
         handler = V2PredictorHandler(url=proxy.url, model="intent_head", rows_per_request=1,
                                      concurrency=LimiterConfig(initial=8, maximum=8, max_requests_per_s=10))
-        out, _ = _run(handler, embeddings[:12], batch=12)  # 12 requests, 8 slots: the rate holds them
+        out, _ = run_handler(handler, embeddings[:12], batch=12)  # 12 requests, 8 slots: the rate holds them
     for got, want in zip(out, local[:12], strict=True):
         _same(got, want)
     arrivals = proxy.arrivals["/v2/models/intent_head/infer"]
@@ -89,11 +65,12 @@ def test_a_fixed_request_rate_spaces_the_requests_the_server_sees(v2_server, emb
     assert proxy.first_request_since(time.time() + 1, "/infer") is None
 
 
-def test_rate_limits_and_overload_are_waited_out_and_nothing_is_lost(v2_server, embeddings, local):
+def test_rate_limits_and_overload_are_waited_out_and_nothing_is_lost(
+        run_handler, v2_server, embeddings, local):
     faults = Faults(rate_limited=0.3, unavailable=0.1, retry_after_s=1, path_suffix="/infer", seed=3)
     with FaultProxy(v2_server[0], faults) as proxy:
         handler = V2PredictorHandler(url=proxy.url, model="intent_head", rows_per_request=8)
-        out, session = _run(handler, embeddings[:320])
+        out, session = run_handler(handler, embeddings[:320])
     assert not [p for p in out if isinstance(p, BaseException)]
     for got, want in zip(out, local[:320], strict=True):
         _same(got, want)
@@ -104,22 +81,22 @@ def test_rate_limits_and_overload_are_waited_out_and_nothing_is_lost(v2_server, 
 
 
 def test_a_body_that_is_not_the_protocols_is_a_remote_error_of_its_rows_and_not_retried(
-        v2_server, embeddings):
+        run_handler, v2_server, embeddings):
     with FaultProxy(v2_server[0]) as proxy:
         handler = V2PredictorHandler(url=proxy.url, model="intent_head", rows_per_request=10)
         proxy.set_faults(Faults(truncated=1.0, path_suffix="/infer"))
-        out, _ = _run(handler, embeddings[:30])
+        out, _ = run_handler(handler, embeddings[:30])
     assert all(isinstance(p, RemoteError) and not isinstance(p, RemoteTimeoutError) for p in out)
     assert "not JSON" in str(out[0]) and out[0].status == 200
     assert proxy.requests(INFER) == 3
 
 
-def test_answers_past_the_deadline_are_remote_timeouts(v2_server, embeddings):
+def test_answers_past_the_deadline_are_remote_timeouts(run_handler, v2_server, embeddings):
     with FaultProxy(v2_server[0]) as proxy:
         handler = V2PredictorHandler(url=proxy.url, model="intent_head", rows_per_request=10,
                                      request_timeout_s=0.5, deadline_s=1.5)
         proxy.set_faults(Faults(slow=1.0, slow_s=3.0, path_suffix="/infer"))
-        out, _ = _run(handler, embeddings[:20])
+        out, _ = run_handler(handler, embeddings[:20])
     assert all(isinstance(p, RemoteTimeoutError) for p in out)
     assert "1.5 s deadline" in str(out[0]) and "timed out" in str(out[0])
 
