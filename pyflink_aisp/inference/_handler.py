@@ -99,9 +99,14 @@ class ModelHandler(abc.ABC, Generic[ExampleT, PredictionT, ModelT]):
         accepts_text_pairs: Examples may be ``(text, text_pair)`` tuples of two ``str`` (a
             record mapped with a second text field, for cross-encoders and NLI models); a
             job that maps one refuses, at start-up, a handler that leaves this False.
+        prompt_fields: Placeholder names of record fields beside the text that the handler's
+            examples carry: each example is then a ``dict`` of name → ``str`` holding ``text``
+            (and ``text_pair``) and these; a job whose mapping has prompt fields refuses, at
+            start-up, a handler whose names differ (empty here: the handler takes none).
     """
 
     accepts_text_pairs: ClassVar[bool] = False
+    prompt_fields: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def load_model(self) -> ModelT:

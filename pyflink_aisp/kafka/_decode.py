@@ -77,6 +77,8 @@ class DecodedRecord:
             absent; with ``keep=("*",)`` every top-level field but the text and id fields).
         features: The feature vector of a mapping with features, else None.
         text_pair: The second text of a mapping with one (a pair model's), else None.
+        prompt: ``(name, value)`` of the mapping's prompt fields, in its order: a string as it
+            is, any other JSON value as compact JSON text.
     """
 
     id: str
@@ -85,13 +87,19 @@ class DecodedRecord:
     kept: tuple[tuple[str, Any], ...] = ()
     features: tuple[float, ...] | None = None
     text_pair: str | None = None
+    prompt: tuple[tuple[str, str], ...] = ()
 
     @property
     def model_input(self) -> Any:
-        """What the model gets: the feature vector of a mapping with features, the
-        ``(text, text_pair)`` tuple of one with a second text, else the text."""
+        """What the model gets: the feature vector of a mapping with features; with prompt
+        fields a ``dict`` of placeholder name → ``str`` value holding ``text`` (and
+        ``text_pair``) and each prompt field; the ``(text, text_pair)`` tuple of a mapping with a
+        second text; else the text."""
         if self.features is not None:
             return self.features
+        if self.prompt:
+            pair = {} if self.text_pair is None else {"text_pair": self.text_pair}
+            return {"text": self.text, **pair, **dict(self.prompt)}
         return self.text if self.text_pair is None else (self.text, self.text_pair)
 
 
@@ -233,6 +241,7 @@ def decode_review(value: bytes | None, source: KafkaCoordinates,
             obj = _parse(value)
         features: tuple[float, ...] | None = None
         text_pair: str | None = None
+        prompt: tuple[tuple[str, str], ...] = ()
         kept: tuple[tuple[str, Any], ...]
         if mapping.features:
             text, features = "", _features(obj, mapping)
@@ -253,6 +262,7 @@ def decode_review(value: bytes | None, source: KafkaCoordinates,
             kept = _kept(obj, mapping)
             if mapping.text_pair_path is not None:
                 text_pair = _text_pair(obj, mapping)
+            prompt = _prompt_values(obj, mapping) if mapping.prompt_paths else ()
         if not isinstance(text, str):
             raise DecodeError(
                 Reason.TEXT_NOT_STRING.value, f"'{_name(mapping.text)}' is {type(text).__name__}"
@@ -272,7 +282,7 @@ def decode_review(value: bytes | None, source: KafkaCoordinates,
         if text_pair is not None:
             _check_encodable(str(mapping.text_pair), text_pair)
         return DecodedRecord(id=str(rid), text=text, label=obj.get("label"), kept=kept, features=features,
-                             text_pair=text_pair)
+                             text_pair=text_pair, prompt=prompt)
     except DecodeError as exc:
         return _dead_letter(Reason(exc.reason), exc.detail, source, None if value is None else bytes(value))
 
@@ -287,6 +297,24 @@ def _text_pair(obj: dict[str, Any], mapping: FieldMapping) -> str:
     if not isinstance(value, str):
         raise DecodeError(Reason.TEXT_NOT_STRING.value, f"'{mapping.text_pair}' is {type(value).__name__}")
     return value
+
+
+def _prompt_values(obj: dict[str, Any], mapping: FieldMapping) -> tuple[tuple[str, str], ...]:
+    """The prompt fields of a record (:attr:`DecodedRecord.prompt`): a missing or null one is
+    ``missing_text`` naming its pointer."""
+    out = []
+    for pointer, name, path in zip(mapping.prompt_fields, mapping.prompt_names, mapping.prompt_paths,
+                                   strict=True):
+        value = resolve_pointer(obj, path)
+        if is_missing(value) or value is None:
+            raise DecodeError(Reason.MISSING_TEXT.value,
+                              f"{_missing_at(obj, pointer, value)} (a --prompt-fields field)")
+        if not isinstance(value, str):
+            value = json.dumps(jsonable(value) if mapping.value_format is ValueFormat.AVRO else value,
+                               ensure_ascii=False, separators=(",", ":"))
+        _check_encodable(pointer, value)
+        out.append((name, value))
+    return tuple(out)
 
 
 def _number(pointer: str, value: Any) -> float:

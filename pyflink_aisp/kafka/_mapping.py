@@ -16,10 +16,13 @@ from typing import Any
 
 from pyflink_aisp.errors import ConfigError
 
-__all__ = ["DEFAULT_MAPPING", "KEY_ID", "FieldMapping", "ValueFormat", "parse_pointer", "resolve_pointer"]
+__all__ = ["DEFAULT_MAPPING", "KEY_ID", "PROMPT_TEXT_NAMES", "FieldMapping", "ValueFormat", "parse_pointer",
+           "resolve_pointer"]
 
 #: Output field names a kept field may not take (the output's own).
 _RESERVED = frozenset({"id", "model_sha256"})
+#: Placeholder names a prompt field may not take (the record's texts fill them).
+PROMPT_TEXT_NAMES = frozenset({"text", "text_pair"})
 _MISSING = object()
 
 
@@ -100,6 +103,10 @@ class FieldMapping:
             vector's); empty: the record has a text.
         schema_registry_url: With Avro values: the Confluent-compatible Schema Registry that
             serves their schemas by id (required then, refused otherwise).
+        prompt_fields: JSON Pointers of fields a generation's prompt template names besides the
+            text, each the placeholder ``{name}`` of its last token (``/meta/product`` →
+            ``{product}``); the model then gets a mapping of placeholder name → value
+            (:attr:`~pyflink_aisp.kafka.DecodedRecord.model_input`).
 
     Raises:
         ConfigError: A pointer is not one (:func:`parse_pointer`), two kept fields share a
@@ -114,14 +121,17 @@ class FieldMapping:
     value_format: ValueFormat = ValueFormat.JSON
     features: tuple[str, ...] = ()
     schema_registry_url: str | None = None
+    prompt_fields: tuple[str, ...] = ()
     text_path: tuple[str, ...] = field(init=False, repr=False, compare=False)
     text_pair_path: tuple[str, ...] | None = field(init=False, repr=False, compare=False)
     id_path: tuple[str, ...] | None = field(init=False, repr=False, compare=False)
     keep_paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
     feature_paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
+    prompt_paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep", tuple(self.keep))
+        object.__setattr__(self, "prompt_fields", tuple(self.prompt_fields))
         object.__setattr__(self, "features", tuple(self.features))
         object.__setattr__(self, "value_format", ValueFormat(self.value_format))
         if self.value_format is ValueFormat.RAW and (self.text != "/text" or self.keep or self.features
@@ -132,6 +142,7 @@ class FieldMapping:
             raise ConfigError("--text-pair-field is a text model's second text: a model of "
                               "--feature-fields reads no text")
         object.__setattr__(self, "feature_paths", tuple(parse_pointer(p) for p in self.features))
+        self._set_prompt_paths()
         avro = self.value_format is ValueFormat.AVRO
         if avro != (self.schema_registry_url is not None):
             raise ConfigError("avro values need --schema-registry-url (their schemas come from it), and "
@@ -152,6 +163,23 @@ class FieldMapping:
         if clash:
             raise ConfigError(f"kept fields would write {clash} twice or over the output's own id / "
                               "model_sha256: keep each name once")
+
+    def _set_prompt_paths(self) -> None:
+        if self.prompt_fields and (self.value_format is ValueFormat.RAW or self.features):
+            raise ConfigError("--prompt-fields are fields of a JSON or Avro record a prompt names beside its "
+                              "text: not for raw values or --feature-fields")
+        paths = tuple(parse_pointer(p) for p in self.prompt_fields)
+        object.__setattr__(self, "prompt_paths", paths)
+        names = [path[-1] for path in paths]
+        clash = sorted({n for n in names if names.count(n) > 1} | (set(names) & PROMPT_TEXT_NAMES))
+        if clash:
+            raise ConfigError(f"prompt fields would fill the placeholders {clash} twice (or the text's own "
+                              "{text} / {text_pair}): each prompt field's last name must be its own")
+
+    @property
+    def prompt_names(self) -> list[str]:
+        """The placeholder names of the prompt fields (each pointer's last token), in order."""
+        return [path[-1] for path in self.prompt_paths]
 
     @property
     def id_from_key(self) -> bool:
@@ -180,8 +208,8 @@ class FieldMapping:
     @property
     def is_default(self) -> bool:
         """Whether this is ``{"id", "text"}`` with nothing kept (the decoder's fast path)."""
-        return (self.text, self.id, self.keep, self.value_format, self.features, self.text_pair) == (
-            "/text", "/id", (), ValueFormat.JSON, (), None)
+        return (self.text, self.id, self.keep, self.value_format, self.features, self.text_pair,
+                self.prompt_fields) == ("/text", "/id", (), ValueFormat.JSON, (), None, ())
 
 
 #: ``{"id", "text"}`` records, nothing kept: the packaged job's default.

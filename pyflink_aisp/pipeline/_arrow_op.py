@@ -104,7 +104,7 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
     Raises:
         ConfigError: ``max_record_bytes`` below :data:`~pyflink_aisp.outcome.MIN_RECORD_BYTES`,
             or the handler declares no task, or a mapping with a second text (``text_pair``)
-            for a handler that does not accept pairs.
+            for a handler that does not accept pairs, or prompt fields other than the handler's.
     """
 
     def __init__(self, handler: ModelHandler[Any, Any, Any], *, batching: BatchingConfig,
@@ -124,6 +124,11 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
             raise ConfigError(f"--text-pair-field {mapping.text_pair}: {type(handler).__name__} takes one "
                               "text per record; pair models run as --classifier or --encoder-onnx (or a "
                               "handler whose accepts_text_pairs is True)")
+        if mapping.prompt_names != list(handler.prompt_fields):
+            raise ConfigError(f"--prompt-fields {list(mapping.prompt_fields)} fill the placeholders "
+                              f"{mapping.prompt_names}, but {type(handler).__name__} takes "
+                              f"{list(handler.prompt_fields) or 'none'}: prompt fields are a generation "
+                              "model's (--remote-api openai-chat or openai-completions)")
         spec = WorkerSpec.of(handler, batching=batching, swap=swap, breaker=breaker, affinity=affinity,
                              dead_letters=dead_letters)
         self._shell = OperatorShell(spec, counters=_COUNTERS, windows=_WINDOWS, open_lease=open_lease)

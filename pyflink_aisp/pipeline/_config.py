@@ -491,6 +491,10 @@ class PipelineOptions(InferenceOptions):
     keep_fields: str | None = opt(None, J, "Fields of the input record copied unchanged into each output, "
         "after its id: comma-separated JSON Pointers, each written under its last name (/meta/lang -> "
         "lang; null where a record has none); '*': every top-level field but the text's and the id's.")
+    prompt_fields: str | None = opt(None, J, "Fields of each JSON or Avro record that the --prompt-template "
+        "names beside its text: comma-separated JSON Pointers, each filling the placeholder of its last name "
+        "(/meta/product -> {product}); a string as it is, another value as JSON; a record without one is a "
+        "missing_text dead letter. Generation models (openai-chat, openai-completions) only.", nullable=True)
     bootstrap_servers: str | None = opt(None, J, 'Kafka bootstrap servers (default: $AISP_KAFKA_BOOTSTRAP, '
         'else 127.0.0.1:$AISP_KAFKA_PORT).')
     job_name: str | None = opt(None, J, 'Name of the job: the Flink job name, and the consumer group and '
@@ -589,7 +593,14 @@ class PipelineOptions(InferenceOptions):
             self.field_mapping()
         except ConfigError as exc:
             raise ConfigError(f"--value-format / --text-field / --text-pair-field / --id-field / "
-                              f"--keep-fields / --feature-fields / --schema-registry-url: {exc}") from None
+                              f"--keep-fields / --feature-fields / --prompt-fields / --schema-registry-url: "
+                              f"{exc}") from None
+        if self.prompt_fields and self.operator is Runner.ASYNC:
+            raise ConfigError("--prompt-fields runs on --operator arrow (the default): the async operator "
+                              "carries one text per record")
+        if self.prompt_fields and self.route is not None:
+            raise ConfigError("--prompt-fields is for one generation model (--model or --remote-url), not a "
+                              "--route")
         v2 = self.remote_url is not None and self.remote_api is RemoteApi.V2
         if self.predictor is not None and not self.feature_fields:
             raise ConfigError("--predictor reads the feature vectors of --feature-fields: give both")
@@ -648,9 +659,10 @@ class PipelineOptions(InferenceOptions):
         """
         keep = tuple(p.strip() for p in (self.keep_fields or "").split(",") if p.strip())
         features = tuple(p.strip() for p in (self.feature_fields or "").split(",") if p.strip())
+        prompt = tuple(p.strip() for p in (self.prompt_fields or "").split(",") if p.strip())
         return FieldMapping(text=self.text_field, id=self.id_field, keep=keep, value_format=self.value_format,
                             features=features, schema_registry_url=self.schema_registry_url,
-                            text_pair=self.text_pair_field)
+                            text_pair=self.text_pair_field, prompt_fields=prompt)
 
     def dead_letter_watch(self) -> DeadLetterWatchConfig:
         """The dead-letter watch of the job's operator: it warns above a share of 0.5 (or

@@ -116,8 +116,12 @@ def remote_handler(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
         endpoint["call_log"] = CallLogConfig(topic=options.remote_call_log, bootstrap_servers=servers)
     if api is RemoteApi.OPENAI_EMBEDDINGS:
         return OpenAIEmbeddingHandler(rows_per_request=rows, **endpoint)
+    # a job's --prompt-fields (their placeholder names); a SQL function's options have none
+    mapping = getattr(options, "field_mapping", None)
+    fields = tuple(mapping().prompt_names) if mapping is not None else ()
     return OpenAIGenerationHandler(
         api="chat" if api is RemoteApi.OPENAI_CHAT else "completions", rows_per_request=rows,
+        prompt_fields=fields,
         prompt_template=options.prompt_template, system_prompt=options.system_prompt,
         max_tokens=options.max_tokens, temperature=options.temperature, seed=options.seed,
         json_schema=options.json_schema_value(), prompt_limit=options.prompt_limit(), **endpoint)

@@ -98,8 +98,9 @@ class RemoteOptions:
         'retried after a restart.', job_param='aisp.remote.call-log', nullable=True)
     remote_call_log_servers: str | None = opt(None, M, "The call log's Kafka bootstrap servers (default: "
         "the job's --bootstrap-servers).", job_param='aisp.remote.call-log-servers', nullable=True)
-    prompt_template: str = opt('{text}', M, 'Generation: the prompt, with {text} (and {text_pair}) replaced '
-        "by the record's text; other braces stay.", job_param='aisp.generate.prompt-template')
+    prompt_template: str = opt('{text}', M, "Generation: the prompt, with {text} (and {text_pair}) replaced "
+        "by the record's text, and in a job each field of --prompt-fields by its value ({product}); other "
+        "{name} placeholders are refused, other braces stay.", job_param='aisp.generate.prompt-template')
     system_prompt: str | None = opt(None, M, 'Generation (openai-chat): a system message.',
         job_param='aisp.generate.system-prompt', nullable=True)
     max_tokens: int = opt(256, M, 'Generation: most tokens generated per record.', unit='tokens',

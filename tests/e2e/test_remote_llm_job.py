@@ -1,6 +1,7 @@
 """Issue 22 through ``flink run`` on the standalone cluster: the packaged job calls llama.cpp's own
 OpenAI-compatible server (SmolLM2-135M-Instruct) by options alone. BATCH: a chat model judges each
-review's sentiment as a structured field, each record once, answers equal the server's own;
+review's sentiment as a structured field from a prompt over two of its fields (--prompt-fields), each
+record once, answers equal the server's own;
 STREAMING: embeddings of the same reviews, equal to the server's own."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.e2e
 N = 40
 #: Records the chat model judges (a 135M model generates ~10-20 tokens/s beside the cluster here)
 JUDGED = 16
-TEMPLATE = "Is this movie review positive or negative?\nReview: {text}"
+TEMPLATE = "Is this movie review (in {lang}) positive or negative?\nReview: {text}"
 SCHEMA = {"type": "object", "properties": {"sentiment": {"type": "string", "enum": ["positive", "negative"]}},
           "required": ["sentiment"]}
 
@@ -26,15 +27,16 @@ SCHEMA = {"type": "object", "properties": {"sentiment": {"type": "string", "enum
 @pytest.fixture(scope="module")
 def reviews(stack):
     """Topics ``llm-reviews``: N reviews shaped ``{review_id, body, lang}`` and one without a body;
-    ``llm-judge``: the first JUDGED of them and the one without a body."""
+    ``llm-judge``: the first JUDGED of them, the one without a body and one without a lang."""
     bootstrap = str(stack.status().bootstrap_servers)
     create_topics(bootstrap, ["llm-reviews", "llm-judge"])
     rows = load_rotten_tomatoes()[200:200 + N]
     records = [{"review_id": f"r{i}", "body": r.text, "lang": "en"} for i, r in enumerate(rows)]
     empty = {"review_id": "empty", "lang": "en"}
+    no_lang = {"review_id": "no-lang", "body": rows[0].text}
     assert ingest_records(bootstrap, "llm-reviews", [*records, empty], progress=False).delivered == N + 1
-    assert ingest_records(bootstrap, "llm-judge", [*records[:JUDGED], empty], progress=False).delivered == (
-        JUDGED + 1)
+    assert ingest_records(bootstrap, "llm-judge", [*records[:JUDGED], empty, no_lang],
+                          progress=False).delivered == JUDGED + 2
     return {f"r{i}": r.text for i, r in enumerate(rows)}
 
 
@@ -45,13 +47,14 @@ def _topics(stack, name):
 
 def test_a_chat_model_judges_each_record_once_as_a_structured_field(stack, reviews, openai_server,
                                                                      job_outputs):
-    """Every record once: scored with its sentiment parsed from the completion, or (a completion the
-    small model did not finish as JSON of the schema) an invalid_model_output dead letter."""
+    """Every record once: scored with its sentiment parsed from the completion of a prompt holding its
+    text and its lang field, or (a completion the small model did not finish as JSON of the schema) an
+    invalid_model_output dead letter; a record without the lang field is a missing_text dead letter."""
     out_topic = _topics(stack, "llm-judged")
     stdout, read = job_outputs(stack, "batch", (
         "--bootstrap-servers", str(stack.status().bootstrap_servers), "--input-topic", "llm-judge",
         "--output-topic", out_topic, "--text-field", "/body", "--id-field", "/review_id",
-        "--keep-fields", "/lang",
+        "--keep-fields", "/lang", "--prompt-fields", "/lang",
         "--remote-url", openai_server, "--remote-api", "openai-chat", "--remote-model", "smollm2",
         "--prompt-template", TEMPLATE, "--json-schema", json.dumps(SCHEMA), "--max-tokens", "48",
         "--remote-request-timeout-s", "60", "--remote-deadline-s", "120"),
@@ -59,25 +62,32 @@ def test_a_chat_model_judges_each_record_once_as_a_structured_field(stack, revie
     docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in read[out_topic]}
     letters = [json.loads(m.value()) for m in read[f"{out_topic}.dlq"]]
     invalid = [x for x in letters if x["reason"] == "invalid_model_output"]
-    assert sorted(x["reason"] for x in letters if x not in invalid) == ["missing_text"]
+    assert sorted((x["reason"], x["detail"]) for x in letters if x not in invalid) == [
+        ("missing_text", "no value at /body; the object's fields: 'lang', 'review_id'"),
+        ("missing_text", "no value at /lang; the object's fields: 'body', 'review_id' (a --prompt-fields "
+                         "field)")]
     judged = [f"r{i}" for i in range(JUDGED)]
     assert sorted([*docs, *(x["id"] for x in invalid)]) == sorted(judged)  # each record once
     assert len(read[out_topic]) == len(docs) >= JUDGED - 3
     assert all(x["detail"].startswith("the completion") for x in invalid), invalid
-    assert f": {JUDGED + 1} in, {len(docs)} out, {len(letters)} dead letters" in stdout
+    assert f": {JUDGED + 2} in, {len(docs)} out, {len(letters)} dead letters" in stdout
     for doc in docs.values():
         assert list(doc) == ["id", "lang", "completion", "finish_reason", "prompt_tokens",
                              "completion_tokens", "sentiment", "model_sha256"]
         assert doc["model_sha256"] == "openai:smollm2" and doc["lang"] == "en"
         assert json.loads(doc["completion"])["sentiment"] == doc["sentiment"] in ("positive", "negative")
         assert doc["prompt_tokens"] > 20 and 0 < doc["completion_tokens"] <= 48
+    def prompt(rid):
+        return TEMPLATE.replace("{lang}", "en").replace("{text}", reviews[rid])
+
     for rid in sorted(docs)[:3]:  # the server's own answer to the same request
         body = {"model": "smollm2", "max_tokens": 48, "temperature": 0.0,
-                "messages": [{"role": "user", "content": TEMPLATE.replace("{text}", reviews[rid])}],
+                "messages": [{"role": "user", "content": prompt(rid)}],
                 "response_format": {"type": "json_schema", "json_schema": {
                     "name": "output", "schema": SCHEMA, "strict": True}}}
         want = httpx.post(f"{openai_server}/v1/chat/completions", json=body, timeout=120).json()
         assert docs[rid]["completion"] == want["choices"][0]["message"]["content"]
+        assert docs[rid]["prompt_tokens"] == want["usage"]["prompt_tokens"]
 
 
 def test_embeddings_from_the_server_score_the_stream(stack, reviews, openai_embedding_server, job_outputs):

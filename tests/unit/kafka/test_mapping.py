@@ -184,3 +184,41 @@ def test_a_second_text_is_refused_with_features_and_must_be_a_pointer():
         FieldMapping(features=("/x",), text_pair="/passage")
     with pytest.raises(ConfigError, match="must start with '/'"):
         FieldMapping(text_pair="passage")
+
+
+def test_prompt_fields_make_the_model_input_a_dict_of_placeholders_with_other_values_as_json():
+    mapping = FieldMapping(text="/body", id="/rid", prompt_fields=("/meta/product", "/stars", "/tags"))
+    assert mapping.prompt_names == ["product", "stars", "tags"]
+    value = json.dumps({"rid": "r1", "body": "It broke.", "stars": 1.5, "tags": ["a", "é"],
+                        "meta": {"product": "kettle {text}"}}, ensure_ascii=False).encode()
+    out = decode_review(value, SRC, mapping)
+    assert isinstance(out, DecodedRecord) and out.id == "r1"
+    assert out.model_input == {"text": "It broke.", "product": "kettle {text}", "stars": "1.5",
+                               "tags": '["a","é"]'}
+    pair = FieldMapping(text="/q", text_pair="/p", prompt_fields=("/lang",))
+    out = decode_review(b'{"q": "q", "p": "p", "lang": "en"}', SRC, pair)
+    assert isinstance(out, DecodedRecord) and out.model_input == {"text": "q", "text_pair": "p", "lang": "en"}
+    assert decode_review(b'{"id": 1, "text": "t"}', SRC, FieldMapping(prompt_fields=())).model_input == "t"
+
+
+@pytest.mark.parametrize(("value", "reason", "detail"), [
+    (b'{"body": "b"}', Reason.MISSING_TEXT, "no value at /meta/product; the object's fields: 'body' (a "
+                                            "--prompt-fields field)"),
+    (b'{"body": "b", "meta": {"product": null}}', Reason.MISSING_TEXT, "'/meta/product' is null"),
+    (b'{"body": "b", "meta": {"product": "\\udfff"}}', Reason.INVALID_UNICODE, "'/meta/product' char 0"),
+])
+def test_a_record_without_a_prompt_field_is_a_dead_letter_naming_it(value, reason, detail):
+    out = decode_review(value, SRC, FieldMapping(text="/body", prompt_fields=("/meta/product",)))
+    assert isinstance(out, DeadLettered) and out.reason is reason and out.detail.startswith(detail)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"prompt_fields": ("/a/name", "/b/name")}, r"placeholders \['name'\] twice"),
+    ({"prompt_fields": ("/meta/text",)}, r"placeholders \['text'\] twice"),
+    ({"prompt_fields": ("/x",), "features": ("/f",)}, "not for raw values or --feature-fields"),
+    ({"prompt_fields": ("/x",), "value_format": "raw"}, "not for raw values or --feature-fields"),
+    ({"prompt_fields": ("name",)}, "must start with '/'"),
+])
+def test_prompt_fields_are_refused_where_they_cannot_name_a_placeholder(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        FieldMapping(**fields)

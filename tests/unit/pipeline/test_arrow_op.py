@@ -377,3 +377,33 @@ def test_a_second_text_reaches_a_pair_handler_and_a_one_text_handler_is_refused_
     assert out["dead"].tolist() == [False, True]
     assert json.loads(out["value"][0])["echo"] == "good? | a fine film"
     assert json.loads(out["value"][1])["reason"] == "missing_text"
+
+
+class FieldEchoHandler(EchoHandler):
+    """Echoes ``product: text`` of each record's prompt fields."""
+
+    prompt_fields = ("product",)
+
+    def run_inference(self, batch: Sequence[Any], model: str) -> list[tuple[int, float, str]]:
+        return super().run_inference([f"{x['product']}: {x['text']}" for x in batch], model)
+
+
+def test_prompt_fields_reach_a_handler_that_takes_them_and_others_are_refused_at_start_up(opener) -> None:
+    mapping = FieldMapping(text="/body", prompt_fields=("/meta/product",))
+    with pytest.raises(ConfigError, match=r"fill the placeholders \['product'\], but EchoHandler takes none"):
+        ArrowInferenceFunction(EchoHandler(), batching=BATCHING, mapping=mapping)
+    with pytest.raises(ConfigError, match=r"but FieldEchoHandler takes \['product'\]"):
+        ArrowInferenceFunction(FieldEchoHandler(), batching=BATCHING, mapping=FieldMapping(text="/body"))
+    function = ArrowInferenceFunction(FieldEchoHandler(), batching=BATCHING, open_lease=opener,
+                                      mapping=mapping)
+    function.open(Context())
+    values = [json.dumps({"id": "a", "body": "leaks", "meta": {"product": "kettle"}}).encode(),
+              json.dumps({"id": "b", "body": "no product"}).encode()]
+    try:
+        out = function.eval(_frame(values))
+    finally:
+        function.close()
+    assert out["dead"].tolist() == [False, True]
+    assert json.loads(out["value"][0])["echo"] == "kettle: leaks"
+    letter = json.loads(out["value"][1])
+    assert letter["reason"] == "missing_text" and "/meta/product" in letter["detail"]

@@ -29,6 +29,7 @@ from pyflink_aisp.pipeline import (
     format_job_parameters,
     option,
 )
+from pyflink_aisp.pipeline._handlers import handler_for
 from pyflink_aisp.pipeline._options import (
     GpuProvider,
     InferenceRuntime,
@@ -789,6 +790,25 @@ def test_a_second_text_field_maps_a_pair_and_is_refused_where_it_cannot_run() ->
     parsed = PipelineOptions.from_args(["--input-topic", "in", "--output-topic", "out",
                                         "--text-pair-field", "/passage"])
     assert parsed.text_pair_field == "/passage"
+
+
+def test_prompt_fields_map_a_generation_models_placeholders_and_are_refused_where_they_cannot_run() -> None:
+    chat = {"remote_url": "http://h", "remote_model": "m", "remote_api": "openai-chat",
+            "prompt_template": "{product} ({stars}): {text}"}
+    options = job(text_field="/body", prompt_fields="/meta/product, /stars", **chat)
+    assert options.field_mapping().prompt_names == ["product", "stars"]
+    handler = handler_for(options)
+    assert handler.prompt_fields == ("product", "stars")
+    assert handler.prompt({"text": "t", "product": "p", "stars": "4"}) == "p (4): t"
+    with pytest.raises(ConfigError, match=r"names \{stars\}, which is not"):
+        handler_for(job(prompt_fields="/meta/product", **chat))
+    with pytest.raises(ConfigError, match="--prompt-fields runs on --operator arrow"):
+        job(prompt_fields="/stars", operator=Runner.ASYNC, **chat)
+    with pytest.raises(ConfigError, match=r"--prompt-fields / .*: --prompt-fields are fields of a JSON"):
+        job(prompt_fields="/stars", value_format="raw", **chat)
+    parsed = PipelineOptions.from_args(["--input-topic", "in", "--output-topic", "out", "--prompt-fields",
+                                        "/stars"])
+    assert parsed.prompt_fields == "/stars"
 
 
 @pytest.mark.parametrize(("fields", "message"), [

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
@@ -119,10 +120,42 @@ def _fits(item: Any, sql_type: SqlType) -> bool:
     return all(isinstance(v, number) and not isinstance(v, bool) and math.isfinite(v) for v in item)
 
 
+#: A ``{name}`` placeholder of a prompt template (a Python identifier in braces); other braces,
+#: such as a JSON example's, stay as they are.
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _placeholders(template: str, fields: tuple[str, ...]) -> re.Pattern[str]:
+    """The pattern of the template's replaced placeholders: ``{text}``, ``{text_pair}`` and
+    each field's.
+
+    Raises:
+        ConfigError: A field named twice or as a text, a field the template does not name, or a
+            ``{name}`` of the template that is none of them.
+    """
+    names = ("text", "text_pair", *fields)
+    if len(set(names)) < len(names):
+        raise ConfigError(f"prompt fields must be distinct and not text / text_pair, got {list(fields)}")
+    absent = [f for f in fields if "{" + f + "}" not in template]
+    if absent:
+        raise ConfigError(f"--prompt-fields {absent}: the prompt template names no {{{absent[0]}}} "
+                          f"({template[:120]!r})")
+    unknown = sorted({m.group(1) for m in _PLACEHOLDER.finditer(template)} - set(names))
+    if unknown:
+        hint = (f"give --prompt-fields /{unknown[0]} (a field of the record)" if not fields else
+                f"--prompt-fields gives {list(fields)}")
+        raise ConfigError(f"the prompt template names {{{unknown[0]}}}, which is not {{text}}, {{text_pair}} "
+                          f"or a prompt field: {hint}; in SQL, build the prompt in the query (CONCAT)")
+    alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    return re.compile("\\{(" + alternatives + ")\\}")
+
+
 class OpenAIGenerationHandler(OpenAIHandlerBase):
     """Text generation from ``/v1/chat/completions`` or ``/v1/completions`` (see the module
     docstring): each record's prompt is ``prompt_template`` with ``{text}`` (and ``{text_pair}``,
-    for records mapped with a second text) replaced; other braces are kept as they are.
+    for records mapped with a second text, and ``{name}`` of each of ``prompt_fields``) replaced
+    in one pass (a value holding a placeholder is not replaced again); other braces are kept as
+    they are, except a ``{name}`` that names no text or prompt field, which is refused.
 
     Predictions are mappings rendered by :class:`~pyflink_aisp.inference.tasks.GenerationTask`:
     ``completion``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``, with a
@@ -135,6 +168,8 @@ class OpenAIGenerationHandler(OpenAIHandlerBase):
         model: The model's id on the server.
         api: ``"chat"`` (one record per request) or ``"completions"`` (``rows_per_request``).
         prompt_template: The prompt, with ``{text}``.
+        prompt_fields: The placeholder names of record fields the template names beside the text
+            (a job's ``--prompt-fields``); examples are then ``dict`` s of name → value.
         system_prompt: A system message (chat only), or None.
         max_tokens: Most tokens generated per record.
         temperature: Sampling temperature (0: greedy).
@@ -146,8 +181,9 @@ class OpenAIGenerationHandler(OpenAIHandlerBase):
         api_key_env / ... / concurrency: As :class:`~pyflink_aisp.inference.handlers.remote.RemoteEndpoint`.
 
     Raises:
-        ConfigError: An unknown ``api``, a template without ``{text}``, a system prompt or
-            schema with ``completions``, a bad schema, or bad numbers.
+        ConfigError: An unknown ``api``, a template without ``{text}``, a ``{name}`` of the template
+            that is not a text or prompt field, a prompt field the template does not name, a
+            system prompt or schema with ``completions``, a bad schema, or bad numbers.
     """
 
     accepts_text_pairs: ClassVar[bool] = True
@@ -156,13 +192,15 @@ class OpenAIGenerationHandler(OpenAIHandlerBase):
                  system_prompt: str | None = None, max_tokens: int = 256, temperature: float = 0.0,
                  seed: int | None = None, json_schema: dict[str, Any] | None = None,
                  rows_per_request: int = 16, prompt_limit: PromptLimit | None = None,
-                 **endpoint: Any) -> None:
+                 prompt_fields: Sequence[str] = (), **endpoint: Any) -> None:
         super().__init__(url=url, model=model, **endpoint)
         if api not in ("chat", "completions"):
             raise ConfigError(f"api must be 'chat' or 'completions', got {api!r}")
         if "{text}" not in prompt_template:
             raise ConfigError(f"the prompt template must hold {{text}} (the record's text), "
                               f"got {prompt_template!r}")
+        self.prompt_fields = tuple(prompt_fields)
+        self._placeholders = _placeholders(prompt_template, self.prompt_fields)
         if api == "completions" and (system_prompt is not None or json_schema is not None):
             raise ConfigError("a system prompt and a JSON schema need api 'chat' (/v1/chat/completions)")
         if max_tokens < 1 or not 0.0 <= temperature <= 2.0 or rows_per_request < 1:
@@ -240,13 +278,32 @@ class OpenAIGenerationHandler(OpenAIHandlerBase):
     def _text(self, example: Any) -> str:
         if isinstance(example, tuple) and len(example) == 2 and all(isinstance(t, str) for t in example):
             return f"{example[0]}\n{example[1]}"
+        if isinstance(example, dict):
+            want = {"text", *self.prompt_fields}
+            if not want <= example.keys() <= want | {"text_pair"} or not all(
+                    isinstance(v, str) for v in example.values()):
+                raise TypeError(f"expected a dict of str holding text and the prompt fields {sorted(want)}, "
+                                f"got the keys {sorted(example)}")
+            return "\n".join(example.values())
+        if self.prompt_fields:
+            raise TypeError(f"expected a dict holding the prompt fields {list(self.prompt_fields)}, got "
+                            f"{type(example).__name__}")
         return super()._text(example)
 
     def prompt(self, example: Any) -> str:
-        """The prompt of one example (``{text}`` / ``{text_pair}`` replaced)."""
+        """The prompt of one example: ``{text}``, ``{text_pair}`` (empty for one text) and each
+        prompt field's ``{name}`` replaced in one pass.
+
+        Raises:
+            TypeError: Not an example of this handler (a text, a pair, or a dict of the fields).
+        """
         self._text(example)
-        text, pair = example if isinstance(example, tuple) else (example, "")
-        return self.prompt_template.replace("{text_pair}", pair).replace("{text}", text)
+        if isinstance(example, dict):
+            values = {"text_pair": "", **example}
+        else:
+            text, pair = example if isinstance(example, tuple) else (example, "")
+            values = {"text": text, "text_pair": pair}
+        return self._placeholders.sub(lambda m: values[m.group(1)], self.prompt_template)
 
     def _sampling(self) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens,

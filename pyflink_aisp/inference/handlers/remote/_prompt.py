@@ -10,9 +10,9 @@ sent and each server reads its own. The servers take one text per request, so a 
 go as one request per distinct prompt, all in flight at once.
 
 Truncation (``truncate``) keeps the template whole and cuts only the record's ``{text}`` (a
-second ``{text_pair}`` is kept): the prompt with an empty text is counted first (over the limit:
-no text can fit, a dead letter), then the longest prefix of the text whose prompt fits is
-searched by interpolation between a prefix known to fit and one known not to, each round one
+second ``{text_pair}`` and the prompt fields are kept): the prompt with an empty text is counted
+first (over the limit: no text can fit, a dead letter), then the longest prefix of the text whose
+prompt fits is searched by interpolation between a prefix known to fit and one known not to, each round one
 count per record still open (batched), at most :data:`MAX_ROUNDS` rounds; the prefix kept was
 counted and fits. What is counted is the prompt's text: the chat template a server wraps a
 conversation in, the system prompt and special tokens are not, so leave them room.
@@ -161,8 +161,18 @@ def _counted(count: TokenCounter, texts: list[str]) -> list[int | RemoteError]:
 
 
 def _cut(example: Any, chars: int) -> Any:
-    """The example with its text cut to ``chars`` characters (a pair's second text kept)."""
+    """The example with its text cut to ``chars`` characters (a pair's second text and the prompt
+    fields kept)."""
+    if isinstance(example, dict):
+        return {**example, "text": example["text"][:chars]}
     return (example[0][:chars], example[1]) if isinstance(example, tuple) else example[:chars]
+
+
+def _text_of(example: Any) -> str:
+    """The text an example's truncation cuts."""
+    if isinstance(example, dict):
+        return str(example["text"])
+    return str(example[0] if isinstance(example, tuple) else example)
 
 
 @dataclass
@@ -192,7 +202,7 @@ def fit_prompts(examples: Sequence[Any], limit: PromptLimit, count: TokenCounter
     """Each example's prompt counted and fitted to ``limit`` (see the module docstring).
 
     Args:
-        examples: Texts, or ``(text, text_pair)`` tuples.
+        examples: Texts, ``(text, text_pair)`` tuples, or dicts of prompt fields holding ``text``.
         limit: The limit and the overflow mode.
         count: Token counts of prompts.
         prompt: An example's prompt (the template with its texts).
@@ -222,8 +232,7 @@ def fit_prompts(examples: Sequence[Any], limit: PromptLimit, count: TokenCounter
                 f"the prompt is {n} tokens, over --prompt-max-tokens {cap}, and {e} without any text: no "
                 "part of the text fits (shorten --prompt-template)")
         else:
-            text = examples[i][0] if isinstance(examples[i], tuple) else examples[i]
-            searches.append(_Search(i, 0, e, len(text), n))
+            searches.append(_Search(i, 0, e, len(_text_of(examples[i])), n))
     for _ in range(MAX_ROUNDS):
         todo = [s for s in searches if s.open() and out[s.row] is None]
         if not todo:

@@ -236,3 +236,34 @@ def test_embedding_answers_that_are_not_finite_vectors_fail_their_records() -> N
     finally:
         model.session.close()
     assert isinstance(out, RemoteError) and "not a finite vector" in str(out)
+
+
+def test_prompt_fields_fill_their_placeholders_in_one_pass_and_other_braces_stay() -> None:
+    requests: list = []
+    handler = OpenAIGenerationHandler(url="http://s", model="m", prompt_fields=("product", "stars"),
+                                      prompt_template='{"task": "label"} {product} ({stars}*): {text}')
+    model = _model(handler, _chat(requests))
+    examples = [{"text": "broke {product}", "product": "kettle {text}", "stars": "1"},
+                {"text": "fine", "product": "mug", "stars": "5"}]
+    try:
+        out = handler.run_inference(examples, model)
+    finally:
+        model.session.close()
+    assert [r["messages"][-1]["content"] for r in requests] == [
+        '{"task": "label"} kettle {text} (1*): broke {product}', '{"task": "label"} mug (5*): fine']
+    assert [o["completion"] for o in out] == ["fine", "fine"]
+    with pytest.raises(TypeError, match="prompt fields"):
+        handler.prompt("a text without its fields")
+    with pytest.raises(TypeError, match=r"got the keys \['text'\]"):
+        handler.prompt({"text": "no product"})
+
+
+@pytest.mark.parametrize(("template", "fields", "message"), [
+    ("{title}: {text}", (), r"names \{title\}, which is not .*give --prompt-fields /title"),
+    ("{text}", ("title",), r"--prompt-fields \['title'\]: the prompt template names no \{title\}"),
+    ("{title} {text} {tilte}", ("title",), r"names \{tilte\}.*--prompt-fields gives \['title'\]"),
+    ("{text}", ("text",), "distinct and not text / text_pair"),
+])
+def test_a_template_and_its_prompt_fields_must_name_each_other(template, fields, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        OpenAIGenerationHandler(url="http://s", model="m", prompt_template=template, prompt_fields=fields)

@@ -273,3 +273,24 @@ def test_a_server_refusal_replayed_from_the_call_log_is_still_prompt_too_long() 
             model.session.close()
         assert isinstance(out, PromptTooLongError) and out.status == 400
         assert len(requests) == (1 if round_ == 0 else 0)
+
+
+def test_truncation_cuts_only_the_text_of_a_record_with_prompt_fields(tokenizer_json, count_tokens):
+    requests: list = []
+    template = "Product: {product}\nReview: {text}\nAnswer:"
+    limit = PromptLimit(max_tokens=40, overflow=PromptOverflow.TRUNCATE, tokenizer=tokenizer_json)
+    handler = OpenAIGenerationHandler(url="http://s", model="m", prompt_template=template, prompt_limit=limit,
+                                      prompt_fields=("product",))
+    model = _model(handler, _server(requests))
+    example = {"text": "the lid leaks and the handle gets hot " * 20, "product": "a steel kettle"}
+    try:
+        (out,) = handler.run_inference([example], model)
+    finally:
+        model.session.close()
+    (prompt,) = _sent(requests)
+    assert out["prompt_truncated"] is True
+    head = "Product: a steel kettle\nReview: "
+    assert prompt.startswith(head + "the lid leaks") and prompt.endswith("\nAnswer:")
+    kept = prompt[len(head):-len("\nAnswer:")]
+    assert example["text"].startswith(kept) and 0 < len(kept) < len(example["text"])
+    assert 40 - 3 <= count_tokens(prompt) <= 40
