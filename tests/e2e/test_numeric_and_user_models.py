@@ -131,6 +131,39 @@ def test_a_numeric_model_on_a_kserve_server_scores_the_topic_by_options_alone(
     assert sorted(json.loads(m.value())["reason"] for m in dlq) == ["inference_error", "missing_feature"]
 
 
+def test_a_fixed_request_rate_holds_through_flink_run(stack, features, v2_server, job_outputs):
+    """Issue 22, fixed limits: --remote-max-requests-per-s given to the packaged job reaches the
+    worker, whose request starts the server's door (a counting proxy) sees spaced by 1 / rate, with
+    every record scored once as sklearn scores it."""
+    from pyflink_aisp.chaos import FaultProxy
+
+    bootstrap = str(stack.status().bootstrap_servers)
+    out_topic = "features-remote-rate"
+    create_topics(bootstrap, [out_topic, f"{out_topic}.dlq"])
+    rate = 20.0
+    with FaultProxy(v2_server.url) as proxy:
+        stdout, read = job_outputs(stack, "batch", (
+            "--bootstrap-servers", bootstrap, "--input-topic", "features", "--output-topic", out_topic,
+            "--remote-url", proxy.url, "--remote-model", "intent_head", "--remote-rows-per-request", "2",
+            "--remote-max-requests-per-s", str(rate), "--remote-max-concurrency", "8",
+            "--feature-fields", "/embedding", "--id-field", "/tx"), {out_topic: N, f"{out_topic}.dlq": 2})
+        arrivals = list(proxy.arrivals["/v2/models/intent_head/infer"])
+    assert f": {N + 2} in, {N} out, 2 dead letters" in stdout
+    docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in read[out_topic]}
+    assert sorted(docs) == sorted(f"x{i}" for i in range(N)) and len(read[out_topic]) == N
+    want = _expected(features)
+    for i in range(N):
+        np.testing.assert_allclose(docs[f"x{i}"]["probabilities"], want[i], atol=1e-5)
+    # the limiter's bound: any interval of T seconds sees at most rate * T + 1 starts, so k + 1 arrivals
+    # span at least (k - 1) / rate (less 10 ms of the network's slack between a start and its arrival)
+    t = np.asarray(arrivals)
+    assert len(t) >= N // 2
+    for k in range(2, 11):
+        spans = t[k:] - t[:-k]
+        assert spans.min() >= (k - 1) / rate - 0.01, (k, sorted(spans)[:3])
+    assert t[-1] - t[0] >= (len(t) - 2) / rate - 0.01
+
+
 def test_a_text_model_on_a_kserve_server_scores_the_reviews_over_grpc(stack, v2_server, job_outputs):
     """Issue 22, text models over V2: without --feature-fields the job sends each record's text as a
     BYTES tensor, here over the gRPC binding, to a model that owns its tokenizer (the server's
