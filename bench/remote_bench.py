@@ -15,6 +15,10 @@ case has no server and is timed between its first and last output. Cases, interl
 * ``remote, 1 row per request``: ``--remote-rows-per-request 1``, one request per record (the shape
   of Flink's ``ML_PREDICT``, which sends each row alone);
 * ``remote, 16 / 64 rows per request``;
+* ``remote gRPC, 16 / 64 rows per request``: the same server's gRPC binding (``grpc://``); the proxy
+  speaks HTTP only, so these and the REST rows beside them are also compared by their output span
+  (first to last output's broker stamp) in a table of their own, and their requests are not counted
+  (the same batcher cuts them, so as many as over REST);
 * ``Flink ML_PREDICT (flink-model-triton 2.3.0)``: ``_ml_predict_job.py`` on the same server (its
   planning error is recorded where the provider refuses the model).
 
@@ -57,6 +61,7 @@ from pyflink_aisp.chaos import FaultProxy
 from pyflink_aisp.datasets import load_rotten_tomatoes
 from pyflink_aisp.inference.handlers import OnnxEncoderHandler, Pooling
 from pyflink_aisp.kafka import ingest_records
+from pyflink_aisp.local import find_free_port
 from pyflink_aisp.models import build_intent_head, build_minilm_encoder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,6 +138,28 @@ def _table(rows: dict[str, list[dict[str, Any]]], base_name: str) -> list[str]:
     return lines
 
 
+def _binding_table(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """REST against gRPC at the same rows per request, each by its output span (the proxy does not see
+    gRPC), where the run has both."""
+    pairs = [(n, f"remote gRPC, {n.removeprefix('remote, ')}") for n in rows
+             if n.startswith("remote, ") and f"remote gRPC, {n.removeprefix('remote, ')}" in rows]
+    if not pairs:
+        return []
+
+    def span_rate(run: dict[str, Any]) -> float:
+        return float(run["records"] / run.get("output_span_s", run["span_s"]))
+
+    lines = ["The V2 REST and gRPC bindings side by side, each by its output span (first to last "
+             "output's broker stamp; the proxy does not see gRPC):", "",
+             "| rows per request | REST records/s | gRPC records/s | gRPC / REST |", "|---|---|---|---|"]
+    for rest, grpc in pairs:
+        r = statistics.median(span_rate(x) for x in rows[rest])
+        g = statistics.median(span_rate(x) for x in rows[grpc])
+        lines.append(f"| {rest.removeprefix('remote, ').removesuffix(' rows per request')} | {r:.0f} | "
+                     f"{g:.0f} | {g / r:.2f}x |")
+    return [*lines, ""]
+
+
 def section(results: dict[str, Any]) -> str:
     """The report section."""
     rows = results["jobs"]
@@ -143,7 +170,10 @@ def section(results: dict[str, Any]) -> str:
              f"{results['repeats']} interleaved rounds, median; records/s from the run's first request at "
              "the server (the proxy's clock) to its last output's broker stamp, in process between the "
              "first and the last output's stamp; server, broker and job share the machine; "
-             f"{results['machine']}.", "", *_table(rows, "remote, 1 row per request"), ""]
+             f"{results['machine']}.", "",
+             *_table({k: v for k, v in rows.items() if not k.startswith("remote gRPC")},
+                     "remote, 1 row per request"), ""]
+    lines += _binding_table(rows)
     refused = rows.get(TRITON, [{}])[0].get("error")
     if refused:
         lines += [f"{TRITON} refuses every model at planning, before any request: `{refused}` (its "
@@ -218,14 +248,18 @@ def v2_cases(bootstrap: str, folder: Path, reviews: list[str], args: argparse.Na
     records = [{"tx": f"t{i}", "embedding": v.tolist()} for i, v in enumerate(vectors)]
     create_stamped_topics(bootstrap, ["features"])
     assert ingest_records(bootstrap, "features", records, progress=False).delivered == len(records)
-    server = launch.kserve_server({"intent_head": head}, folder / "kserve.log")
+    grpc_port = find_free_port()
+    server = launch.kserve_server({"intent_head": head}, folder / "kserve.log", grpc_port=grpc_port)
+    grpc = ("--remote-url", f"grpc://127.0.0.1:{grpc_port}", "--remote-model", "intent_head")
     with server as url, FaultProxy(url) as proxy:
         common = ("--feature-fields", "/embedding", "--id-field", "/tx")
         cases: dict[str, tuple[str, ...]] = {
             "in process": ("--predictor", str(head)),
             "remote, 1 row per request": ("--remote-rows-per-request", "1"),
             "remote, 16 rows per request": ("--remote-rows-per-request", "16"),
-            "remote, 64 rows per request": ("--remote-rows-per-request", "64")}
+            "remote, 64 rows per request": ("--remote-rows-per-request", "64"),
+            "remote gRPC, 16 rows per request": (*grpc, "--remote-rows-per-request", "16"),
+            "remote gRPC, 64 rows per request": (*grpc, "--remote-rows-per-request", "64")}
         jobs: dict[str, list[dict[str, Any]]] = {name: [] for name in [*cases, TRITON]}
         for round_ in range(args.repeats):
             if round_ == 0 or "error" not in jobs[TRITON][0]:
@@ -238,12 +272,12 @@ def v2_cases(bootstrap: str, folder: Path, reviews: list[str], args: argparse.Na
                       flush=True)
                 jobs[TRITON].append(result)
             for i, (name, flags) in enumerate(cases.items()):
-                remote = () if name == "in process" else ("--remote-url", proxy.url, "--remote-model",
-                                                           "intent_head")
+                rest = name.startswith("remote, ")
+                remote = ("--remote-url", proxy.url, "--remote-model", "intent_head") if rest else ()
                 before, since = proxy.requests(INFER), time.time()
                 out = f"out-{round_}-{i}"
                 result = run_job(bootstrap, "features", out, len(records), (*common, *remote, *flags))
-                if remote:
+                if rest:
                     stamps = collect_stamps(bootstrap, out, want=len(records), timeout_s=60)
                     result = from_first_request(result, proxy, since, INFER, stamps)
                     result["requests_per_record"] = (proxy.requests(INFER) - before) / len(records)
