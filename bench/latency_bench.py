@@ -22,7 +22,10 @@ with the machine to itself), and their
 variants with ``-lowbuf`` (``--buffer-timeout-ms 5 --sink-linger-ms 0``, against Flink's 100 ms
 and the Kafka client's 5 ms), ``-b20``
 (``--bundle-time-ms 20``), ``-b1`` (``--bundle-time-ms 1``), ``-spin`` (``--onnx-spin-wait true``),
-``-runs2`` (``--pipeline-depth 2 --intra-op-threads 1``: two concurrent single-threaded runs) or
+``-runs2`` (``--pipeline-depth 2 --intra-op-threads 1``: two concurrent single-threaded runs),
+``-record`` (``--operator record`` with its default of one intra-op thread: one model call per
+record in Flink's thread mode, no bundle and no hop to a Python process), ``-record2`` (the same
+with ``--intra-op-threads 2``) or
 ``-ct`` (the output topic keeps the sink producer's ``CreateTime``: the last stage then ends at
 the sink's ``send()``, and the difference to the plain case is the producer and the broker).
 
@@ -54,7 +57,9 @@ ROOT = Path(__file__).resolve().parent.parent
 VARIANTS: dict[str, tuple[str, ...]] = {
     "": (), "lowbuf": ("--buffer-timeout-ms", "5", "--sink-linger-ms", "0"),
     "b20": ("--bundle-time-ms", "20"), "b1": ("--bundle-time-ms", "1"), "spin": ("--onnx-spin-wait", "true"),
-    "runs2": ("--pipeline-depth", "2", "--intra-op-threads", "1"), "ct": ()}
+    "runs2": ("--pipeline-depth", "2", "--intra-op-threads", "1"), "ct": (),
+    "record": ("--operator", "record", "--intra-op-threads", "0"),
+    "record2": ("--operator", "record", "--intra-op-threads", "2")}
 STAGES = ("kafka_to_worker", "decode", "inference", "render", "worker_to_kafka", "total")
 
 

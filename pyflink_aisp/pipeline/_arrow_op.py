@@ -162,14 +162,33 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         """
         import pandas as pd
 
-        runtime = self._shell.require("ArrowInferenceFunction.eval")
+        keys = frame.iloc[:, 4].tolist() if self._mapping.id_from_key else None
+        out_keys, values, dead, sources = self.score_columns(
+            frame.iloc[:, 0].tolist(), frame.iloc[:, 1].tolist(), frame.iloc[:, 2].tolist(),
+            frame.iloc[:, 3].tolist(), keys, caller="ArrowInferenceFunction.eval")
+        return pd.DataFrame({"key": out_keys, "value": values, "dead": dead, "source": sources})
+
+    def score_columns(self, raw: list[Any], topics: list[Any], partitions: list[Any], offsets: list[Any],
+                      keys: list[Any] | None, *, caller: str
+                      ) -> tuple[list[str], list[str], list[bool], list[str]]:
+        """Decode, infer and render ``n`` records given as columns; ``(keys, values, dead, sources)``,
+        ``n`` each, in input order (the body of :meth:`eval`, shared with the per-record operator).
+
+        Args:
+            raw: Kafka values (bytes; None for a tombstone).
+            topics, partitions, offsets: Their coordinates (None/NaN partition or offset: -1).
+            keys: Kafka keys when the id is the key, else None.
+            caller: Named in :class:`~pyflink_aisp.errors.OperatorNotOpenError`.
+
+        Raises:
+            CircuitOpenError, DeadLetterRateError, OperatorNotOpenError: as :meth:`eval`.
+        """
+        runtime = self._shell.require(caller)
         start, wall_ms = time.perf_counter(), time.time() * 1000.0
-        raw = frame.iloc[:, 0].tolist()
-        topics = frame.iloc[:, 1].tolist()
-        partitions = list(map(_coordinate, frame.iloc[:, 2].tolist()))
-        offsets = list(map(_coordinate, frame.iloc[:, 3].tolist()))
-        keys = frame.iloc[:, 4].tolist() if self._mapping.id_from_key else repeat(None)
-        decoded = list(map(decode_record, raw, topics, partitions, offsets, repeat(self._mapping), keys))
+        partitions = list(map(_coordinate, partitions))
+        offsets = list(map(_coordinate, offsets))
+        decoded = list(map(decode_record, raw, topics, partitions, offsets, repeat(self._mapping),
+                           repeat(None) if keys is None else keys))
         good = [i for i, d in enumerate(decoded) if isinstance(d, DecodedRecord)]
         texts = [d.model_input for d in decoded if isinstance(d, DecodedRecord)]
         decoded_s = time.perf_counter()
@@ -199,8 +218,7 @@ class ArrowInferenceFunction(ScalarFunction):  # type: ignore[misc]
         self._shell.judge_many(failed, len(good), last_error)
         self._shell.watch_outcomes(len(decoded), letters)
         sources = [f"{t}/{p}/{o}" for t, p, o in zip(topics, partitions, offsets, strict=True)]
-        return pd.DataFrame({"key": [k for k, _ in rows], "value": [v for _, v in rows], "dead": dead,
-                             "source": sources})
+        return [k for k, _ in rows], [v for _, v in rows], dead, sources
 
     def _render(self, record: DecodedRecord, outcome: Inferred | BaseException, raw: Any, topic: str,
                 partition: int, offset: int

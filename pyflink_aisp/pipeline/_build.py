@@ -14,7 +14,10 @@ The job graph of every packaged inference job, built from
   (Arrow batches end to end); ``--operator async`` is PyFlink's
   ``AsyncDataStream`` with
   :class:`~pyflink_aisp.pipeline._async_op.BatchedInferenceFunction`
-  (one coroutine per record; ``--ordered`` keeps input order);
+  (one coroutine per record; ``--ordered`` keeps input order); ``--operator record`` is
+  ``Table.map`` with :class:`~pyflink_aisp.pipeline._record_op.RecordInferenceFunction`, a
+  row-at-a-time function in Flink's thread mode
+  (:func:`~pyflink_aisp.pipeline._settings.thread_mode_settings`);
 * split in the JVM on the ``dead`` column, one ``INSERT`` per sink (each its
   own transactional id prefix): outputs to ``output_topic``, dead letters to
   the DLQ topic, both exactly once.
@@ -69,9 +72,10 @@ from pyflink_aisp.pipeline._preflight import (
     check_model_paths,
     check_python,
 )
+from pyflink_aisp.pipeline._record_op import RecordInferenceFunction, record_inference_udf
 from pyflink_aisp.pipeline._routed_op import RoutedInferenceFunction, route_branches, routed_inference_udf
 from pyflink_aisp.pipeline._routes import RoutePlan, route_plan
-from pyflink_aisp.pipeline._settings import flink_settings
+from pyflink_aisp.pipeline._settings import flink_settings, thread_mode_settings
 from pyflink_aisp.pipeline._shell import WorkerSpec
 
 __all__ = ["SCORED_TYPE", "build_pipeline", "make_environment", "pipeline_statements"]
@@ -119,6 +123,9 @@ def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
     # Also on the table config: the Table API's Python operators (the Arrow map) read it there.
     for key, value in flink_settings(options).items():
         t_env.get_config().set(key, value)
+    if options.operator is Runner.RECORD:
+        for key, value in thread_mode_settings(python, config).items():
+            t_env.get_config().set(key, value)
     t_env.get_config().set("pipeline.name", options.name)
     return t_env
 
@@ -282,15 +289,15 @@ def _scored_table(
 ) -> Table:
     """Source → decode + inference: a table ``(key, value, dead, source)``."""
     raw = _raw_table(t_env, options, servers, plan)
-    if options.operator is Runner.ARROW:
-        function = ArrowInferenceFunction(handler, batching=options.batching(), swap=options.swap(),
-                                          with_embedding=options.with_embedding,
-                                          max_record_bytes=max_record_bytes, breaker=options.breaker(),
-                                          affinity=options.affinity(),
-                                          dead_letters=options.dead_letter_watch(),
-                                          mapping=options.field_mapping(),
-                                          latency_trace=options.latency_trace_dir)
-        return raw.map(arrow_inference_udf(function)).alias("key", "value", "dead", "source")
+    if options.operator is not Runner.ASYNC:
+        kind = ArrowInferenceFunction if options.operator is Runner.ARROW else RecordInferenceFunction
+        function = kind(handler, batching=options.batching(), swap=options.swap(),
+                        with_embedding=options.with_embedding, max_record_bytes=max_record_bytes,
+                        breaker=options.breaker(), affinity=options.affinity(),
+                        dead_letters=options.dead_letter_watch(), mapping=options.field_mapping(),
+                        latency_trace=options.latency_trace_dir)
+        wrap = arrow_inference_udf if options.operator is Runner.ARROW else record_inference_udf
+        return raw.map(wrap(function)).alias("key", "value", "dead", "source")
     mapping = options.field_mapping()
     check_kept_names(mapping.kept_names, task)
     scorer = BatchedInferenceFunction(

@@ -180,7 +180,8 @@ class InferenceOptions(RemoteOptions):
         'worker (`aisp model publish`).', job_param='aisp.model.pointer', nullable=True)
     model_poll_interval_s: float = opt(2.0, M, 'Hot swap: seconds between two reads of the pointer.',
         unit='s', job_param='aisp.model.poll-interval-s', minimum=0.001)
-    intra_op_threads: int = opt(0, M, 'ONNX Runtime intra-op threads (0: one per physical core).',
+    intra_op_threads: int = opt(0, M, 'ONNX Runtime intra-op threads (0: one per physical core; 1 with '
+        '--operator record on the CPU).',
         job_param='aisp.onnx.intra-op-threads', minimum=0)
     onnx_spin_wait: bool | None = opt(None, M, 'ONNX Runtime intra-op threads spin between runs (true: '
         'fastest back-to-back batches; false: leaves idle CPU to the JVMs; default: false with '
@@ -381,6 +382,11 @@ class InferenceOptions(RemoteOptions):
         return self.bundle_time_ms or default_bundle_time_ms(self.latency_slo_ms)
 
     @property
+    def effective_intra_op_threads(self) -> int | None:
+        """``intra_op_threads``, else None (ONNX Runtime's default: one per physical core)."""
+        return self.intra_op_threads or None
+
+    @property
     def effective_spin_wait(self) -> bool | None:
         """``onnx_spin_wait``, else off with a latency target, else None (ORT's default)."""
         if self.onnx_spin_wait is not None:
@@ -552,7 +558,9 @@ class PipelineOptions(InferenceOptions):
         'restart (>= --restart-delay-s).', unit='s', minimum=0)
     with_embedding: bool = opt(False, J, 'Also write the 384-float embedding of each record.')
     operator: Runner = opt(Runner.ARROW, J, 'arrow: Arrow batches through a vectorized map (throughput); '
-        'async: one coroutine per record (low-rate streams, --ordered).')
+        'async: one coroutine per record (low-rate streams, --ordered); record: one model call per '
+        'record in Flink\'s thread mode, inside the TaskManager\'s JVM (no bundle, no hop to a Python '
+        'process: latency first at low rates).')
     ordered: bool = opt(False, J, 'async operator: emit in input order (AsyncDataStream.ordered_wait).')
     capacity: int = opt(256, J, 'async operator: records in flight (>= --max-batch-size; 4x lets the next '
         'batch form while the model runs).', unit='records', minimum=1)
@@ -620,7 +628,7 @@ class PipelineOptions(InferenceOptions):
                 self.model is not None and self.route is not None):
             raise ConfigError("--models FILE goes with one of --model NAME (the job runs one named model) "
                               "or --route NAME (it runs a route over several)")
-        if self.route is not None and self.operator is Runner.ASYNC:
+        if self.route is not None and self.operator is not Runner.ARROW:
             raise ConfigError("--route runs on --operator arrow (the default)")
         if self.max_dead_letter_rate is not None and self.max_dead_letter_rate >= 1:
             raise ConfigError(f"--max-dead-letter-rate must be < 1 (a share that can be passed), "
@@ -680,6 +688,15 @@ class PipelineOptions(InferenceOptions):
     def bounded(self) -> bool:
         """Whether the job runs in BATCH mode (its source is bounded)."""
         return self.mode is RuntimeMode.BATCH
+
+    @property
+    def effective_intra_op_threads(self) -> int | None:
+        """As :class:`InferenceOptions`, but 1 when not given with ``--operator record`` on the CPU:
+        one record's model call has little work to split, and a second thread waits for a core the
+        JVM holds (decision record 7, ``docs/decisions/0007-latency-settings.md``)."""
+        if not self.intra_op_threads and self.operator is Runner.RECORD and not self.device.is_gpu:
+            return 1
+        return super().effective_intra_op_threads
 
     @property
     def effective_startup_mode(self) -> StartupMode:

@@ -92,10 +92,14 @@ class Runner(enum.StrEnum):
     JVM/Python boundary as Arrow record batches, the model sees the batch whole.
     ``ASYNC``: PyFlink's ``AsyncFunction``, one coroutine and future per record,
     batches formed across records in flight (low-rate, latency-first streams).
+    ``RECORD``: a general (row-at-a-time) map run in Flink's thread mode
+    (``python.execution-mode: thread``, PEMJA) inside the TaskManager's JVM: one model call
+    per record, no bundle and no JVM/Python process hop (low-rate streams, latency first).
     """
 
     ARROW = "arrow"
     ASYNC = "async"
+    RECORD = "record"
 
 
 class InferenceRuntime(enum.StrEnum):

@@ -1,18 +1,22 @@
 """The PyFlink settings derived from the options: bundles, Arrow batches, async scalar
-concurrency, checkpoint timeout and restart strategy (:func:`flink_settings`).
+concurrency, checkpoint timeout and restart strategy (:func:`flink_settings`); thread mode for the
+per-record operator (:func:`thread_mode_settings`).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Mapping
 from typing import Any
 
+from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.pipeline._config import InferenceOptions, PipelineOptions, option
 from pyflink_aisp.pipeline._options import RestartStrategy
 
 __all__ = ["BUNDLE_ARROW_BATCHES", "RESTART_BACKOFF_MULTIPLIER", "RESTART_JITTER", "flink_settings",
-           "format_job_parameters", "restart_settings", "worker_settings"]
+           "format_job_parameters", "restart_settings", "thread_mode_settings", "worker_settings"]
 
 #: PyFlink's default ``python.fn-execution.bundle.size`` (1000 in 2.3.0).
 _FLINK_DEFAULT_BUNDLE_SIZE = 1000
@@ -136,3 +140,27 @@ def format_job_parameters(params: Mapping[str, str]) -> str:
     return json.dumps(dict(params))
 
 
+def thread_mode_settings(python: str, config: dict[str, str]) -> dict[str, str]:
+    """``python.execution-mode: thread`` and, unless ``config`` names one, ``python.pythonpath``:
+    the site-packages of the workers' Python ``python``.
+
+    In thread mode the TaskManager's JVM embeds the interpreter through PEMJA, which imports
+    ``pemja`` and the job's packages from the interpreter's base installation, not from a
+    virtual environment's site-packages, unless they are on ``python.pythonpath``. A Python
+    shipped in an archive (``python.archives``) is not run here: its paths are the user's to
+    give (``-pypath`` or ``-D python.pythonpath=...``).
+
+    Raises:
+        ConfigError: ``python`` cannot be run to ask for its site-packages.
+    """
+    settings = {"python.execution-mode": "thread"}
+    if config.get("python.pythonpath") or not os.path.isabs(python):
+        return settings
+    ask = "import json, site; print(json.dumps(site.getsitepackages()))"
+    try:
+        done = subprocess.run([python, "-c", ask], capture_output=True, text=True, timeout=60, check=True)
+        paths = json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        raise ConfigError(f"--operator record: could not ask the workers' Python {python} for its "
+                          f"site-packages ({exc}); give them with -D python.pythonpath=...") from exc
+    return {**settings, "python.pythonpath": os.pathsep.join(paths)}

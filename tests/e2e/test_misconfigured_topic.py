@@ -136,7 +136,8 @@ def test_a_topic_of_plain_text_values_is_scored_with_value_format_raw(stack, mod
 
 
 @pytest.mark.parametrize(("mode", "operator", "value_format"), [("batch", "arrow", "raw"),
-                                                                 ("streaming", "async", "json")])
+                                                                 ("streaming", "async", "json"),
+                                                                 ("streaming", "record", "json")])
 def test_the_kafka_key_is_the_id_with_id_field_key(stack, model_assets, job_outputs, mode, operator,
                                                     value_format):
     """--id-field key: each output's id (and Kafka key) is its record's key; a record without a key is

@@ -62,7 +62,8 @@ def _produce(bootstrap, topic, reviews):
 
 
 @pytest.mark.parametrize(("mode", "operator"),
-                         [("batch", "arrow"), ("streaming", "arrow"), ("batch", "async")])
+                         [("batch", "arrow"), ("streaming", "arrow"), ("batch", "async"),
+                          ("batch", "record")])
 def test_scores_every_review_once_and_dead_letters_bad_records(
     mode, operator, kafka_bootstrap, topic, model_assets, reviews, expected_scores
 ):

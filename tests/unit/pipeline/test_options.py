@@ -548,7 +548,7 @@ def test_no_flags_give_the_defaults() -> None:
         (["--length-buckets", "32,16"], "--length-buckets: length_buckets must be strictly ascending"),
         (["--parallelism", "0"], "argument --parallelism: --parallelism must be >= 1, got 0"),
         (["--checkpoint-interval-ms", "1.5"], "--checkpoint-interval-ms must be an integer, got '1.5'"),
-        (["--operator", "fast"], "argument --operator: --operator must be one of arrow, async, got 'fast'"),
+        (["--operator", "fast"], "argument --operator: --operator must be one of arrow, async, record, got 'fast'"),
         (["--encoder-pooling", "max"], "--encoder-pooling must be one of none, mean, cls, got 'max'"),
         (["--mode", "micro"], "--mode must be one of streaming, batch, got 'micro'"),
         (["--startup-mode", "now"], "--startup-mode must be one of"),

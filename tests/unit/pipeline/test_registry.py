@@ -189,10 +189,11 @@ def test_models_goes_with_one_of_model_and_route(tmp_path, head, capsys, flags):
     assert "--models FILE goes with one of --model NAME" in capsys.readouterr().err
 
 
-def test_a_route_runs_on_the_arrow_operator(capsys):
+@pytest.mark.parametrize("operator", ["async", "record"])
+def test_a_route_runs_on_the_arrow_operator(capsys, operator):
     with pytest.raises(SystemExit):
         options_from_args(["--input-topic", "in", "--output-topic", "out", "--models", "m.yaml", "--route",
-                           "unsure", "--operator", "async"])
+                           "unsure", "--operator", operator])
     assert "--route runs on --operator arrow" in capsys.readouterr().err
 
 
