@@ -23,9 +23,8 @@ variants with ``-lowbuf`` (``--buffer-timeout-ms 5 --sink-linger-ms 0``, against
 and the Kafka client's 5 ms), ``-b20``
 (``--bundle-time-ms 20``), ``-b1`` (``--bundle-time-ms 1``), ``-spin`` (``--onnx-spin-wait true``),
 ``-runs2`` (``--pipeline-depth 2 --intra-op-threads 1``: two concurrent single-threaded runs),
-``-record`` (``--operator record`` with its default of one intra-op thread: one model call per
-record in Flink's thread mode, no bundle and no hop to a Python process), ``-record2`` (the same
-with ``--intra-op-threads 2``) or
+``-record`` (``--operator record``: one model call per record in Flink's thread mode, no bundle
+and no hop to a Python process), ``-record1`` (the same with ``--intra-op-threads 1``) or
 ``-ct`` (the output topic keeps the sink producer's ``CreateTime``: the last stage then ends at
 the sink's ``send()``, and the difference to the plain case is the producer and the broker).
 
@@ -58,8 +57,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "": (), "lowbuf": ("--buffer-timeout-ms", "5", "--sink-linger-ms", "0"),
     "b20": ("--bundle-time-ms", "20"), "b1": ("--bundle-time-ms", "1"), "spin": ("--onnx-spin-wait", "true"),
     "runs2": ("--pipeline-depth", "2", "--intra-op-threads", "1"), "ct": (),
-    "record": ("--operator", "record", "--intra-op-threads", "0"),
-    "record2": ("--operator", "record", "--intra-op-threads", "2")}
+    "record": ("--operator", "record"), "record1": ("--operator", "record", "--intra-op-threads", "1")}
 STAGES = ("kafka_to_worker", "decode", "inference", "render", "worker_to_kafka", "total")
 
 

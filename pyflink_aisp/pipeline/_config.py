@@ -180,8 +180,7 @@ class InferenceOptions(RemoteOptions):
         'worker (`aisp model publish`).', job_param='aisp.model.pointer', nullable=True)
     model_poll_interval_s: float = opt(2.0, M, 'Hot swap: seconds between two reads of the pointer.',
         unit='s', job_param='aisp.model.poll-interval-s', minimum=0.001)
-    intra_op_threads: int = opt(0, M, 'ONNX Runtime intra-op threads (0: one per physical core; 1 with '
-        '--operator record on the CPU).',
+    intra_op_threads: int = opt(0, M, 'ONNX Runtime intra-op threads (0: one per physical core).',
         job_param='aisp.onnx.intra-op-threads', minimum=0)
     onnx_spin_wait: bool | None = opt(None, M, 'ONNX Runtime intra-op threads spin between runs (true: '
         'fastest back-to-back batches; false: leaves idle CPU to the JVMs; default: false with '
@@ -380,11 +379,6 @@ class InferenceOptions(RemoteOptions):
     def effective_bundle_time_ms(self) -> int:
         """``bundle_time_ms``, else :func:`default_bundle_time_ms` of the SLO."""
         return self.bundle_time_ms or default_bundle_time_ms(self.latency_slo_ms)
-
-    @property
-    def effective_intra_op_threads(self) -> int | None:
-        """``intra_op_threads``, else None (ONNX Runtime's default: one per physical core)."""
-        return self.intra_op_threads or None
 
     @property
     def effective_spin_wait(self) -> bool | None:
@@ -688,15 +682,6 @@ class PipelineOptions(InferenceOptions):
     def bounded(self) -> bool:
         """Whether the job runs in BATCH mode (its source is bounded)."""
         return self.mode is RuntimeMode.BATCH
-
-    @property
-    def effective_intra_op_threads(self) -> int | None:
-        """As :class:`InferenceOptions`, but 1 when not given with ``--operator record`` on the CPU:
-        one record's model call has little work to split, and a second thread waits for a core the
-        JVM holds (decision record 7, ``docs/decisions/0007-latency-settings.md``)."""
-        if not self.intra_op_threads and self.operator is Runner.RECORD and not self.device.is_gpu:
-            return 1
-        return super().effective_intra_op_threads
 
     @property
     def effective_startup_mode(self) -> StartupMode:

@@ -160,7 +160,7 @@ def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
         return user_handler(options.handler, options.handler_kwargs())
     if options.remote_url is not None:
         return remote_handler(options)
-    threads = options.effective_intra_op_threads
+    threads = options.intra_op_threads or None
     providers, device_id = onnx_providers(options)
     if options.predictor is not None:
         return OnnxPredictorHandler(model_path=options.predictor, intra_op_num_threads=threads,

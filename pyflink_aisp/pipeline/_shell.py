@@ -36,6 +36,7 @@ PyFlink-free: a context is anything with ``get_task_name``, ``get_index_of_this_
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -184,6 +185,7 @@ class OperatorShell:
         except BaseException:  # release what was taken: Flink need not call close() after a failed open
             self.close()
             raise
+        freeze_heap()
         return runtime
 
     def _bind_metrics(self, group: Any) -> None:
@@ -255,3 +257,18 @@ class OperatorShell:
             self.affinity.close()
             self.affinity = None
 
+
+def freeze_heap() -> None:
+    """Collect, then move every object alive now (the model, its tokenizer, the imported modules) to
+    the cyclic garbage collector's permanent generation (:func:`gc.freeze`, Python 3.7+).
+
+    A full (generation 2) collection scans every tracked object and holds the interpreter meanwhile;
+    once the model is loaded those are mostly the model's and the modules', which live as long as
+    the worker. Frozen, they are left out of every later collection, so a full collection scans only
+    what the records allocate: no pause between a record and its output for the model's heap (in
+    thread mode the pause would stall the TaskManager's task thread). Reference counting still frees
+    frozen objects; only a cycle among them is never collected (a swapped-out model's, at most).
+    Decision record 7 (``docs/decisions/0007-latency-settings.md``) has the measurements.
+    """
+    gc.collect()
+    gc.freeze()

@@ -91,11 +91,21 @@ def test_a_python_that_cannot_answer_is_a_config_error(tmp_path) -> None:
         thread_mode_settings(str(broken), {})
 
 
-@pytest.mark.parametrize(("flags", "threads"), [((), 1), (("--intra-op-threads", "2"), 2)])
-def test_the_record_operator_runs_one_intra_op_thread_unless_told(flags, threads) -> None:
-    from pyflink_aisp.pipeline import PipelineOptions
+def test_opening_an_operator_freezes_what_lives_then_out_of_later_full_collections() -> None:
+    import gc
 
-    base = ["--input-topic", "in", "--output-topic", "out"]
-    record = PipelineOptions.from_args([*base, "--operator", "record", *flags])
-    assert record.effective_intra_op_threads == threads
-    assert PipelineOptions.from_args([*base, *flags]).effective_intra_op_threads == (None if not flags else 2)
+    gc.unfreeze()
+    before = [object()]  # a tracked container that lives across the open
+    try:
+        function, _ = _open(RecordInferenceFunction)
+        try:
+            frozen = gc.get_freeze_count()
+            after = [object()]
+            scanned = gc.get_objects()
+            assert frozen > 0
+            assert not any(o is before for o in scanned)  # in the permanent generation
+            assert any(o is after for o in scanned)  # what records allocate is still collected
+        finally:
+            function.close()
+    finally:
+        gc.unfreeze()
