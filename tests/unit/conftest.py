@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import shutil
+from collections.abc import Iterator
 
 import numpy as np
 import onnx
@@ -35,3 +37,11 @@ def quick_assets(tmp_path_factory: pytest.TempPathFactory) -> ModelAssets:
         source_version=source.version,
         build_seconds=0.0,
     )
+
+
+@pytest.fixture(autouse=True)
+def _no_frozen_heap_after_a_test() -> Iterator[None]:
+    """An operator's ``open()`` freezes the heap (``gc.freeze``) as a worker's would; a test's frozen
+    objects go back to the collector after it, so that they are collected before the interpreter exits."""
+    yield
+    gc.unfreeze()
