@@ -109,3 +109,43 @@ def test_embeddings_from_the_server_score_the_stream(stack, reviews, openai_embe
     got = np.array([docs[i]["embedding"] for i in ids], dtype=np.float32)
     assert got.shape == (N, 576) and list(docs[ids[0]]) == ["id", "embedding", "model_sha256"]
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_a_token_budget_holds_through_flink_run(stack, reviews, openai_embedding_server, job_outputs):
+    """Issue 22, fixed limits: --remote-max-tokens-per-min given to the packaged job reaches the worker.
+    Its budget is a minute's worth ahead: a request starts only once the tokens of the answers before it
+    are paid off to within a minute, so with one request in flight the k-th request's arrival at the
+    server's door (a counting proxy) is at least (tokens answered before it) * 60 / limit - 60 s after the
+    first. The limit is 70 % of the topic's tokens, which the server counts per review here."""
+    from pyflink_aisp.chaos import FaultProxy
+
+    ids = sorted(reviews)
+    tokens = {}
+    for rid in ids:  # the server's own count: each review alone
+        answer = httpx.post(f"{openai_embedding_server}/v1/embeddings", timeout=120, json={
+            "model": "smollm2-embed", "input": [reviews[rid]]}).json()
+        tokens[rid] = answer["usage"]["total_tokens"]
+    total = sum(tokens.values())
+    limit = round(0.7 * total)
+    rows = 4
+    out_topic = _topics(stack, "llm-token-budget")
+    with FaultProxy(openai_embedding_server) as proxy:
+        stdout, read = job_outputs(stack, "batch", (
+            "--bootstrap-servers", str(stack.status().bootstrap_servers), "--input-topic", "llm-reviews",
+            "--output-topic", out_topic, "--text-field", "/body", "--id-field", "/review_id",
+            "--remote-url", proxy.url, "--remote-api", "openai-embeddings", "--remote-model", "smollm2-embed",
+            "--remote-rows-per-request", str(rows), "--remote-max-concurrency", "1",
+            "--remote-max-tokens-per-min", str(limit),
+            "--remote-request-timeout-s", "60", "--remote-deadline-s", "300"),
+            {out_topic: N, f"{out_topic}.dlq": 1})
+        arrivals = np.asarray(proxy.arrivals["/v1/embeddings"])
+    assert f": {N + 1} in, {N} out, 1 dead letters" in stdout
+    docs = [json.loads(m.value()) for m in read[out_topic]]
+    assert sorted(d["id"] for d in docs) == ids and all(len(d["embedding"]) == 576 for d in docs)
+    assert len(arrivals) >= N // rows
+    # with one request in flight, the answers before the last request hold all tokens but its own
+    # (at most `rows` reviews' worth); 1 s of slack for the network between the worker and the proxy
+    last_request = sum(sorted(tokens.values())[-rows:])
+    bound = (total - last_request) * 60.0 / limit - 60.0
+    assert bound > 8.0, (total, limit, last_request)  # the test means something
+    assert arrivals[-1] - arrivals[0] >= bound - 1.0, (arrivals - arrivals[0], bound)
