@@ -24,9 +24,15 @@ and the Kafka client's 5 ms), ``-b20``
 (``--bundle-time-ms 20``), ``-b1`` (``--bundle-time-ms 1``), ``-spin`` (``--onnx-spin-wait true``),
 ``-runs2`` (``--pipeline-depth 2 --intra-op-threads 1``: two concurrent single-threaded runs),
 ``-record`` (``--operator record``: one model call per record in Flink's thread mode, no bundle
-and no hop to a Python process), ``-record1`` (the same with ``--intra-op-threads 1``) or
+and no hop to a Python process), ``-record1`` (the same with ``--intra-op-threads 1``),
+``-record-spin`` (the same with ``--onnx-spin-wait true``) or
 ``-ct`` (the output topic keeps the sink producer's ``CreateTime``: the last stage then ends at
 the sink's ``send()``, and the difference to the plain case is the producer and the broker).
+
+For a stall hunt, ``--series-dir`` keeps each case's per-record columns (the input's broker time
+and each stage, ms) and ``--jvm-log-dir`` has the job's JVM (the MiniCluster runs in PyFlink's gateway
+JVM, which reads ``JVM_ARGS``) log its GC and safepoint pauses with epoch-ms stamps
+(``-Xlog:gc,safepoint``, JDK unified logging), so that a slow record can be lined up with a pause.
 
 Usage::
 
@@ -38,6 +44,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -49,6 +56,7 @@ import numpy as np
 from _job_runner import JobSettings, StreamingJob, command_line
 from _kafka_load import bench_broker, collect_stamps, create_stamped_topics, produce_all, produce_at_rate
 from _kafka_streaming import READY_RECORDS, STARTUP_TIMEOUT_S, _collect, _topics
+from _stalls import pause_summary, read_pause_dir, wait_split
 
 from pyflink_aisp.kafka import create_topics
 
@@ -57,7 +65,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "": (), "lowbuf": ("--buffer-timeout-ms", "5", "--sink-linger-ms", "0"),
     "b20": ("--bundle-time-ms", "20"), "b1": ("--bundle-time-ms", "1"), "spin": ("--onnx-spin-wait", "true"),
     "runs2": ("--pipeline-depth", "2", "--intra-op-threads", "1"), "ct": (),
-    "record": ("--operator", "record"), "record1": ("--operator", "record", "--intra-op-threads", "1")}
+    "record": ("--operator", "record"), "record1": ("--operator", "record", "--intra-op-threads", "1"),
+    "record-spin": ("--operator", "record", "--onnx-spin-wait", "true")}
 STAGES = ("kafka_to_worker", "decode", "inference", "render", "worker_to_kafka", "total")
 
 
@@ -80,8 +89,9 @@ def stages(inputs: dict[str, int], outputs: dict[str, int], trace: dict[str, dic
     """Per stage, the ms of each measured key (input appended at or after ``since_ms``)."""
     rows = [(inputs[k], trace[k], outputs[k]) for k in keys
             if k in inputs and k in outputs and k in trace and inputs[k] >= since_ms]
-    cols: dict[str, list[float]] = {s: [] for s in (*STAGES, "batch")}
+    cols: dict[str, list[float]] = {s: [] for s in (*STAGES, "batch", "t_in_ms")}
     for t_in, t, t_out in rows:
+        cols["t_in_ms"].append(float(t_in))
         cols["kafka_to_worker"].append(t["enter_ms"] - t_in)
         cols["decode"].append(t["decoded_ms"] - t["enter_ms"])
         cols["inference"].append(t["inferred_ms"] - t["decoded_ms"])
@@ -93,12 +103,15 @@ def stages(inputs: dict[str, int], outputs: dict[str, int], trace: dict[str, dic
 
 
 def run_case(bootstrap: str, texts: list[str], settings: JobSettings, *, rate: float, seconds: float,
-             warmup_s: float, log_dir: Path, tag: str, create_time: bool = False) -> dict[str, Any]:
+             warmup_s: float, log_dir: Path, tag: str, create_time: bool = False,
+             series: Path | None = None, jvm_log_dir: Path | None = None) -> dict[str, Any]:
     """One case: the job with a trace, ``rate`` records/s for ``seconds``; the stage table.
 
     ``create_time``: the output topic keeps the producer's ``CreateTime`` (the sink's
     ``send()``, the Flink record carrying no timestamp), so the last stage ends at the sink's
-    send instead of the broker's append.
+    send instead of the broker's append. ``series``: a JSON file for the per-record columns
+    (input broker time and each stage, ms), to line stalls up with other logs. ``jvm_log_dir``:
+    where the job's JVM logs its safepoints; the result gets their summary (``_stalls``).
     """
     trace_dir = Path(tempfile.mkdtemp(prefix=f"aisp-lat-trace-{tag}-"))
     settings = dataclasses.replace(settings, extra=(*settings.extra, "--latency-trace-dir", str(trace_dir)))
@@ -119,11 +132,17 @@ def run_case(bootstrap: str, texts: list[str], settings: JobSettings, *, rate: f
     cols = stages(inputs, outputs, trace, load.keys, (load.start_s + warmup_s) * 1000.0)
     shutil.rmtree(trace_dir, ignore_errors=True)
     n = int(cols["total"].size)
+    if series is not None:
+        series.write_text(json.dumps({k: v.tolist() for k, v in cols.items()}), encoding="utf-8")
 
     def pct(a: np.ndarray, q: float) -> float:
         return float(np.percentile(a, q)) if a.size else float("nan")
 
-    return {"rate_per_s": load.achieved_per_s, "measured": n, "sent": len(load.keys),
+    work = cols["decode"] + cols["inference"] + cols["render"]
+    split = {"wait_split": wait_split(cols["t_in_ms"], cols["kafka_to_worker"], work)}
+    pauses = {} if jvm_log_dir is None else {"jvm_pauses": pause_summary(
+        read_pause_dir(jvm_log_dir), cols["t_in_ms"], cols["kafka_to_worker"], cols["total"])}
+    return {**split, **pauses, "rate_per_s": load.achieved_per_s, "measured": n, "sent": len(load.keys),
             "missing_outputs": sum(1 for k in load.keys if k not in outputs),
             "batch_p50": pct(cols["batch"], 50),
             "stages": {s: {"p50_ms": pct(cols[s], 50), "p99_ms": pct(cols[s], 99), "mean_ms":
@@ -165,6 +184,26 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def waits_text(results: dict[str, dict[str, Any]]) -> str:
+    """One line per case: the Kafka-to-worker wait split into queueing and stalls (``_stalls``)."""
+    lines = [f"- {name}: the worker busy {w['busy_share']:.0%} of the time; p99 {w['queued_p99_ms']:.1f} ms "
+             f"behind a busy worker, {w['stalled_p99_ms']:.1f} ms with it idle" for name, r in results.items()
+             if (w := r.get("wait_split"))]
+    return ("\n\nThe Kafka-to-worker wait, split: queued behind the worker's previous call (up to its "
+            "end) or stalled with the worker idle (fetch, bundle forming, hops, scheduling, pauses):\n\n"
+            + "\n".join(lines)) if lines else ""
+
+
+def pauses_text(results: dict[str, dict[str, Any]]) -> str:
+    """One line per case with the job JVM's safepoints (``--jvm-log-dir``), or nothing."""
+    lines = [f"- {name}: {j['pauses']} safepoints, {j['pause_ms_total']:.1f} ms in all, the longest "
+             f"{j['pause_ms_max']:.1f} ms; {j['slow_records_in_pause']} of the {j['slow_records']} slowest "
+             "records (1 %) waited across one of 5 ms or more" for name, r in results.items()
+             if (j := r.get("jvm_pauses"))]
+    return ("\n\nThe job JVM's safepoints (GC and other VM operations) over each case's measured span:\n\n"
+            + "\n".join(lines)) if lines else ""
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default="trickle,load")
@@ -179,6 +218,10 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "latency_results.json")
     p.add_argument("--report", type=Path, default=ROOT / "bench" / "LATENCY.md")
     p.add_argument("--render", action="store_true", help="only write --report from --out's results")
+    p.add_argument("--series-dir", type=Path, default=None,
+                   help="write each case's per-record columns (ms) to DIR/<case>.json")
+    p.add_argument("--jvm-log-dir", type=Path, default=None,
+                   help="the job's JVM logs its GC and safepoint pauses (epoch ms) to DIR/jvm-<pid>.log")
     a = p.parse_args()
     if a.render:
         a.report.write_text(render(json.loads(a.out.read_text())), encoding="utf-8")
@@ -190,6 +233,12 @@ def main() -> int:
     assets = ensure_model_assets()
     texts = [r.text for r in load_rotten_tomatoes()]
     res: dict[str, Any] = {"machine": _report.machine(), "slo_ms": a.slo_ms or None, "cases": {}}
+    for d in (a.series_dir, a.jvm_log_dir):
+        if d is not None:
+            d.mkdir(parents=True, exist_ok=True)
+    if a.jvm_log_dir is not None:  # PyFlink's gateway reads JVM_ARGS; the MiniCluster runs in that JVM
+        os.environ["JVM_ARGS"] = (os.environ.get("JVM_ARGS", "") + " -Xlog:gc,safepoint:file="
+                                  f"{a.jvm_log_dir.resolve()}/jvm-%p.log:timemillis,uptimemillis").strip()
     print(json.dumps(res["machine"]), flush=True)
     res["plain_before"] = plain_loop(assets, texts[:2000], a.threads)
     print(f"[plain loop, machine to itself] {res['plain_before']}", flush=True)
@@ -209,7 +258,9 @@ def main() -> int:
             try:
                 r = run_case(bootstrap, texts, settings, rate=rate, seconds=seconds,
                              warmup_s=min(10.0, seconds / 3), log_dir=log_dir, tag=f"{i}-{name}",
-                             create_time=variant == "ct")
+                             create_time=variant == "ct",
+                             series=a.series_dir / f"{i}-{name}.json" if a.series_dir else None,
+                             jvm_log_dir=a.jvm_log_dir)
             except Exception as exc:  # report and go on
                 r = {"error": f"{type(exc).__name__}: {exc}"}
             r["wall_s"] = time.monotonic() - started
@@ -235,7 +286,8 @@ def render(res: dict[str, Any]) -> str:
               "one partition per topic. Each cell: p50 / p99 in ms over the measured records (after "
               "a warm-up), joined by id from the input record's broker time, the Arrow operator's "
               "trace (`--latency-trace-dir`) and the output record's broker time.\n\n"
-              + table(res["cases"]) + "\n\nCommands:\n\n" + "".join(
+              + table(res["cases"]) + waits_text(res["cases"]) + pauses_text(res["cases"])
+              + "\n\nCommands:\n\n" + "".join(
                   f"- {name}: `{r.get('command', '')}`\n" for name, r in res["cases"].items()))
 
 
