@@ -62,14 +62,15 @@ def bench_broker() -> Iterator[str]:
             broker.stop()
 
 
-def create_stamped_topics(bootstrap: str, topics: Sequence[str], timeout_s: float = 30.0) -> None:
-    """Create single-partition topics whose records get the broker's append time.
+def create_stamped_topics(bootstrap: str, topics: Sequence[str], timeout_s: float = 30.0, *,
+                          partitions: int = 1) -> None:
+    """Create topics of ``partitions`` partitions whose records get the broker's append time.
 
     Raises:
         confluent_kafka.KafkaException: creation failed.
     """
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})  # no info lines at teardown
-    new = [NewTopic(t, num_partitions=1, replication_factor=1,
+    new = [NewTopic(t, num_partitions=partitions, replication_factor=1,
                     config={"message.timestamp.type": "LogAppendTime"}) for t in topics]
     for future in admin.create_topics(new, operation_timeout=timeout_s).values():
         future.result(timeout=timeout_s)

@@ -90,29 +90,12 @@ def pause_summary(pauses: Sequence[Pause], t_in_ms: np.ndarray, waits_ms: np.nda
             "slow_records_in_pause": hit}
 
 
-def wait_split(t_in_ms: np.ndarray, waits_ms: np.ndarray, work_ms: np.ndarray) -> dict[str, float]:
-    """Split each record's Kafka-to-worker wait into the part behind a busy worker (queueing) and
-    the part while the worker stood idle (a stall before the operator: fetch, scheduling, a pause).
-
-    The worker is the operator's thread: a record (or the batch that held it) occupies it from its
-    entry (``t_in + wait``) for ``work`` ms (decode, inference, render). A record that arrived while
-    an earlier one was still being worked on queued until that one left; the rest of its wait, with
-    nothing in the worker, is stall.
-
-    Args:
-        t_in_ms: Each record's input broker time, epoch ms (shape ``(n,)``).
-        waits_ms: Each record's Kafka-to-worker time, ms (shape ``(n,)``).
-        work_ms: The worker's time on the record's call (decode + inference + render), ms.
-
-    Returns:
-        ``busy_share`` (the worker's busy time over the span of entries), ``queued_p99_ms`` and
-        ``stalled_p99_ms`` over the records.
-    """
-    if t_in_ms.size < 2:
-        return {"busy_share": float("nan"), "queued_p99_ms": float("nan"), "stalled_p99_ms": float("nan")}
-    enter = t_in_ms + waits_ms
+def _one_worker(t_in: np.ndarray, waits: np.ndarray,
+                work: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """One worker's records: (queued ms, stalled ms, busy share) as in :func:`wait_split`."""
+    enter = t_in + waits
     order = np.argsort(enter, kind="stable")
-    t_in, enter, work = t_in_ms[order], enter[order], work_ms[order]
+    t_in, enter, work, waits = t_in[order], enter[order], work[order], waits[order]
     # one call per distinct entry: the records of a batch share it, and its work counts once
     first = np.r_[True, np.diff(enter) > 0]
     calls_enter, calls_exit = enter[first], enter[first] + work[first]
@@ -121,9 +104,40 @@ def wait_split(t_in_ms: np.ndarray, waits_ms: np.ndarray, work_ms: np.ndarray) -
     call_of = np.cumsum(first) - 1
     prev_exit = np.r_[-np.inf, busy_until[:-1]][call_of]
     queued = np.clip(np.minimum(prev_exit, enter) - t_in, 0.0, None)
-    stalled = waits_ms[order] - queued
     span = float(calls_exit.max() - calls_enter.min())
     busy = float(np.sum(calls_exit - calls_enter))
-    return {"busy_share": busy / span if span > 0 else float("nan"),
+    return queued, waits - queued, busy / span if span > 0 else float("nan")
+
+
+def wait_split(t_in_ms: np.ndarray, waits_ms: np.ndarray, work_ms: np.ndarray,
+               workers: np.ndarray | None = None) -> dict[str, float]:
+    """Split each record's Kafka-to-worker wait into the part behind a busy worker (queueing) and
+    the part while the worker stood idle (a stall before the operator: fetch, scheduling, a pause).
+
+    The worker is the operator's thread: a record (or the batch that held it) occupies it from its
+    entry (``t_in + wait``) for ``work`` ms (decode, inference, render). A record that arrived while
+    an earlier one was still being worked on queued until that one left; the rest of its wait, with
+    nothing in the worker, is stall. With several workers (one per subtask) each record is split
+    against its own worker's calls.
+
+    Args:
+        t_in_ms: Each record's input broker time, epoch ms (shape ``(n,)``).
+        waits_ms: Each record's Kafka-to-worker time, ms (shape ``(n,)``).
+        work_ms: The worker's time on the record's call (decode + inference + render), ms.
+        workers: Each record's worker (shape ``(n,)``, any labels); None: one worker.
+
+    Returns:
+        ``busy_share`` (a worker's busy time over the span of its entries, the mean over the
+        workers with at least two records), ``queued_p99_ms`` and ``stalled_p99_ms`` over all records.
+    """
+    labels = np.zeros(t_in_ms.shape, dtype=np.int64) if workers is None else np.asarray(workers)
+    groups = [labels == w for w in np.unique(labels)]
+    groups = [g for g in groups if int(g.sum()) >= 2]
+    if not groups:
+        return {"busy_share": float("nan"), "queued_p99_ms": float("nan"), "stalled_p99_ms": float("nan")}
+    parts = [_one_worker(t_in_ms[g], waits_ms[g], work_ms[g]) for g in groups]
+    queued = np.concatenate([p[0] for p in parts])
+    stalled = np.concatenate([p[1] for p in parts])
+    return {"busy_share": float(np.mean([p[2] for p in parts])),
             "queued_p99_ms": float(np.percentile(queued, 99)),
             "stalled_p99_ms": float(np.percentile(stalled, 99))}

@@ -25,7 +25,11 @@ and the Kafka client's 5 ms), ``-b20``
 ``-runs2`` (``--pipeline-depth 2 --intra-op-threads 1``: two concurrent single-threaded runs),
 ``-record`` (``--operator record``: one model call per record in Flink's thread mode, no bundle
 and no hop to a Python process), ``-record1`` (the same with ``--intra-op-threads 1``),
-``-record-spin`` (the same with ``--onnx-spin-wait true``) or
+``-record-spin`` (the same with ``--onnx-spin-wait true``), ``-recordp2`` (the record operator at
+``--parallelism 2`` over two input partitions and ``--pipeline-depth 2``: the subtasks share one
+interpreter and model in thread mode, and two calls run at once, each with half the cores'
+intra-op threads, ``--intra-op-threads 0``), ``-record1p2`` (the same with ``--pipeline-depth 1``:
+the two subtasks' calls take turns on the model they share) or
 ``-ct`` (the output topic keeps the sink producer's ``CreateTime``: the last stage then ends at
 the sink's ``send()``, and the difference to the plain case is the producer and the broker).
 
@@ -66,21 +70,28 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "b20": ("--bundle-time-ms", "20"), "b1": ("--bundle-time-ms", "1"), "spin": ("--onnx-spin-wait", "true"),
     "runs2": ("--pipeline-depth", "2", "--intra-op-threads", "1"), "ct": (),
     "record": ("--operator", "record"), "record1": ("--operator", "record", "--intra-op-threads", "1"),
-    "record-spin": ("--operator", "record", "--onnx-spin-wait", "true")}
+    "record-spin": ("--operator", "record", "--onnx-spin-wait", "true"),
+    "record1p2": ("--operator", "record", "--intra-op-threads", "1", "--pipeline-depth", "1",
+                  "--parallelism", "2"),
+    "recordp2": ("--operator", "record", "--intra-op-threads", "0", "--pipeline-depth", "2",
+                 "--parallelism", "2")}
+#: Input topic partitions of a variant (default 1): a parallel job reads one per source subtask.
+PARTITIONS: dict[str, int] = {"record1p2": 2, "recordp2": 2}
 STAGES = ("kafka_to_worker", "decode", "inference", "render", "worker_to_kafka", "total")
 
 
 def read_trace(directory: Path) -> dict[str, dict[str, float]]:
-    """Id → the trace line of the batch that held it (``batch`` = its size)."""
+    """Id → the trace line of the batch that held it (``batch`` = its size, ``worker`` = the index
+    of its worker's file: one per operator subtask)."""
     by_id: dict[str, dict[str, float]] = {}
-    for path in directory.glob("aisp-latency-*.jsonl"):
+    for worker, path in enumerate(sorted(directory.glob("aisp-latency-*.jsonl"))):
         for line in path.read_text(encoding="utf-8").splitlines():
             if not line.strip():
                 continue
             row = json.loads(line)
             ids = row.pop("ids")
             for i in ids:
-                by_id.setdefault(i, {**row, "batch": float(len(ids))})
+                by_id.setdefault(i, {**row, "batch": float(len(ids)), "worker": float(worker)})
     return by_id
 
 
@@ -89,7 +100,7 @@ def stages(inputs: dict[str, int], outputs: dict[str, int], trace: dict[str, dic
     """Per stage, the ms of each measured key (input appended at or after ``since_ms``)."""
     rows = [(inputs[k], trace[k], outputs[k]) for k in keys
             if k in inputs and k in outputs and k in trace and inputs[k] >= since_ms]
-    cols: dict[str, list[float]] = {s: [] for s in (*STAGES, "batch", "t_in_ms")}
+    cols: dict[str, list[float]] = {s: [] for s in (*STAGES, "batch", "t_in_ms", "worker")}
     for t_in, t, t_out in rows:
         cols["t_in_ms"].append(float(t_in))
         cols["kafka_to_worker"].append(t["enter_ms"] - t_in)
@@ -99,12 +110,14 @@ def stages(inputs: dict[str, int], outputs: dict[str, int], trace: dict[str, dic
         cols["worker_to_kafka"].append(t_out - t["exit_ms"])
         cols["total"].append(float(t_out - t_in))
         cols["batch"].append(t["batch"])
+        cols["worker"].append(t["worker"])
     return {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
 
 
 def run_case(bootstrap: str, texts: list[str], settings: JobSettings, *, rate: float, seconds: float,
              warmup_s: float, log_dir: Path, tag: str, create_time: bool = False,
-             series: Path | None = None, jvm_log_dir: Path | None = None) -> dict[str, Any]:
+             series: Path | None = None, jvm_log_dir: Path | None = None,
+             partitions: int = 1) -> dict[str, Any]:
     """One case: the job with a trace, ``rate`` records/s for ``seconds``; the stage table.
 
     ``create_time``: the output topic keeps the producer's ``CreateTime`` (the sink's
@@ -116,7 +129,8 @@ def run_case(bootstrap: str, texts: list[str], settings: JobSettings, *, rate: f
     trace_dir = Path(tempfile.mkdtemp(prefix=f"aisp-lat-trace-{tag}-"))
     settings = dataclasses.replace(settings, extra=(*settings.extra, "--latency-trace-dir", str(trace_dir)))
     in_topic, out_topic = _topics(f"lat-{tag}")
-    create_stamped_topics(bootstrap, [in_topic] if create_time else [in_topic, out_topic])
+    create_stamped_topics(bootstrap, [in_topic] if create_time else [in_topic, out_topic],
+                          partitions=partitions)
     if create_time:
         create_topics(bootstrap, [out_topic], partitions=1, replication_factor=1)
     with StreamingJob(settings, in_topic, out_topic, log_dir / f"{in_topic}.log") as job:
@@ -139,7 +153,7 @@ def run_case(bootstrap: str, texts: list[str], settings: JobSettings, *, rate: f
         return float(np.percentile(a, q)) if a.size else float("nan")
 
     work = cols["decode"] + cols["inference"] + cols["render"]
-    split = {"wait_split": wait_split(cols["t_in_ms"], cols["kafka_to_worker"], work)}
+    split = {"wait_split": wait_split(cols["t_in_ms"], cols["kafka_to_worker"], work, cols["worker"])}
     pauses = {} if jvm_log_dir is None else {"jvm_pauses": pause_summary(
         read_pause_dir(jvm_log_dir), cols["t_in_ms"], cols["kafka_to_worker"], cols["total"])}
     return {**split, **pauses, "rate_per_s": load.achieved_per_s, "measured": n, "sent": len(load.keys),
@@ -260,7 +274,7 @@ def main() -> int:
                              warmup_s=min(10.0, seconds / 3), log_dir=log_dir, tag=f"{i}-{name}",
                              create_time=variant == "ct",
                              series=a.series_dir / f"{i}-{name}.json" if a.series_dir else None,
-                             jvm_log_dir=a.jvm_log_dir)
+                             jvm_log_dir=a.jvm_log_dir, partitions=PARTITIONS.get(variant, 1))
             except Exception as exc:  # report and go on
                 r = {"error": f"{type(exc).__name__}: {exc}"}
             r["wall_s"] = time.monotonic() - started
@@ -283,7 +297,8 @@ def render(res: dict[str, Any]) -> str:
               f"{plain.get('batch_4_ms', 0):.1f} / {plain.get('batch_8_ms', 0):.1f} ms (median). Load "
               f"cases at {res.get('load_rate_per_s', 0):.1f} records/s.\n\n"
               f"`--latency-slo-ms {slo or 'none'}` in every case; 5,000 ms checkpoints, exactly-once sinks, "
-              "one partition per topic. Each cell: p50 / p99 in ms over the measured records (after "
+              "one partition per topic (two for the -p2 variants, which run at --parallelism 2; their "
+              "wait split is per subtask). Each cell: p50 / p99 in ms over the measured records (after "
               "a warm-up), joined by id from the input record's broker time, the Arrow operator's "
               "trace (`--latency-trace-dir`) and the output record's broker time.\n\n"
               + table(res["cases"]) + waits_text(res["cases"]) + pauses_text(res["cases"])

@@ -74,3 +74,22 @@ def test_a_wait_is_split_into_queueing_behind_the_worker_and_a_stall_with_it_idl
                    "stalled_p99_ms": pytest.approx(float(np.percentile(stalled, 99)))}
     assert got["queued_p99_ms"] > 6.5 and got["stalled_p99_ms"] > 24.0
     assert np.isnan(stalls.wait_split(t_in[:1], waits[:1], work[:1])["busy_share"])
+
+
+def test_with_two_workers_a_record_queues_only_behind_its_own_workers_calls(stalls) -> None:
+    # worker 0: a enters at 0 and works 10; b arrives at 2 and enters at 10: 8 ms queued.
+    # worker 1: c arrives at 3 (while a works, but on the other worker) and enters at 4: 1 ms stalled;
+    # d arrives at 20 and enters at 21 (c left at 14): 1 ms stalled
+    t_in = np.array([0.0, 2.0, 3.0, 20.0])
+    waits = np.array([0.0, 8.0, 1.0, 1.0])
+    work = np.array([10.0, 10.0, 10.0, 10.0])
+    workers = np.array([0, 0, 1, 1])
+    got = stalls.wait_split(t_in, waits, work, workers)
+    queued = np.array([0.0, 8.0, 0.0, 0.0])
+    stalled = np.array([0.0, 0.0, 1.0, 1.0])
+    assert got == {"busy_share": pytest.approx((20.0 / 20.0 + 20.0 / 27.0) / 2),
+                   "queued_p99_ms": pytest.approx(float(np.percentile(queued, 99))),
+                   "stalled_p99_ms": pytest.approx(float(np.percentile(stalled, 99)))}
+    # read as one worker, c would have queued behind a
+    one = stalls.wait_split(t_in, waits, work)
+    assert one["busy_share"] > 1.0 or one["queued_p99_ms"] > got["queued_p99_ms"]
