@@ -131,7 +131,8 @@ class InferenceOptions(RemoteOptions):
     pipeline_depth: int | None = opt(None, B, 'Model batches launched and not yet collected. --runtime '
         'torch: the next batch is prepared and copied while one computes (none: 2 on cuda, 1 on cpu). The '
         'ONNX sentiment model on the CPU: that many session.run calls compute at once, each on its own '
-        'thread; pair it with --intra-op-threads = cores / depth (none: 1).', unit='batches',
+        'thread, with physical cores / depth intra-op threads each unless --intra-op-threads is given '
+        '(none: 1).', unit='batches',
         job_param='aisp.batch.pipeline-depth', nullable=True, minimum=1)
     latency_slo_ms: float | None = opt(None, B, 'p99 target of the inference operator: shorter bundles (SLO '
         "/ 30) and no ORT spin-wait; the async operator's batch size and wait are tuned online within "
@@ -180,7 +181,8 @@ class InferenceOptions(RemoteOptions):
         'worker (`aisp model publish`).', job_param='aisp.model.pointer', nullable=True)
     model_poll_interval_s: float = opt(2.0, M, 'Hot swap: seconds between two reads of the pointer.',
         unit='s', job_param='aisp.model.poll-interval-s', minimum=0.001)
-    intra_op_threads: int = opt(0, M, 'ONNX Runtime intra-op threads (0: one per physical core).',
+    intra_op_threads: int = opt(0, M, 'ONNX Runtime intra-op threads (0: one per physical '
+        'core, shared among the concurrent runs of --pipeline-depth).',
         job_param='aisp.onnx.intra-op-threads', minimum=0)
     onnx_spin_wait: bool | None = opt(None, M, 'ONNX Runtime intra-op threads spin between runs (true: '
         'fastest back-to-back batches; false: leaves idle CPU to the JVMs; default: false with '

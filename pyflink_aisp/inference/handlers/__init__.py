@@ -28,6 +28,7 @@ from pyflink_aisp.inference.handlers._onnx_predictor import (
     PredictorModel,
     predictor_fields,
 )
+from pyflink_aisp.inference.handlers._onnx_runs import run_threads
 from pyflink_aisp.inference.handlers._probe import SWAP_PROBE_TEXTS, check_probe_outputs
 from pyflink_aisp.inference.handlers._sentiment import SentimentHandler, SentimentPrediction
 from pyflink_aisp.inference.handlers._torch import (
@@ -61,4 +62,5 @@ __all__ = [
     "predictor_fields",
     "provider_device",
     "read_classifier_config",
+    "run_threads",
 ]

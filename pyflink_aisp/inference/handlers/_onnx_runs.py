@@ -16,17 +16,46 @@ TensorRT provider); with ``intra_op_num_threads = 1`` each run computes on its c
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import psutil
+
 from pyflink_aisp.errors import ConfigError
 
-__all__ = ["MAX_CONCURRENT_RUNS", "RunFuture", "RunPool"]
+__all__ = ["MAX_CONCURRENT_RUNS", "RunFuture", "RunPool", "run_threads"]
 
 #: Most concurrent runs accepted (each holds its own padded inputs and activations).
 MAX_CONCURRENT_RUNS = 8
+
+
+def run_threads(runs: int, physical_cores: int | None = None) -> int | None:
+    """Intra-op threads for each of ``runs`` concurrent ``session.run`` calls on one host.
+
+    ONNX Runtime's own default is one intra-op thread per physical core for one session run at a
+    time; ``runs`` runs at once share those cores: ``physical_cores // runs``, at least 1.
+
+    Args:
+        runs: Concurrent runs (>= 1).
+        physical_cores: The host's physical cores; None: counted here (``psutil.cpu_count(logical=False)``,
+            else ``os.cpu_count()``).
+
+    Returns:
+        None for one run (ORT's default stands), else the threads per run.
+
+    Raises:
+        ConfigError: ``runs`` < 1.
+    """
+    if runs < 1:
+        raise ConfigError(f"runs must be >= 1, got {runs}")
+    if runs == 1:
+        return None
+    cores = physical_cores or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return max(1, cores // runs)
+
 
 T = TypeVar("T")
 

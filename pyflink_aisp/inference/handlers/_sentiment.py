@@ -20,7 +20,7 @@ from pyflink_aisp.inference.handlers._onnx import (
     normalize_providers,
     provider_device,
 )
-from pyflink_aisp.inference.handlers._onnx_runs import MAX_CONCURRENT_RUNS
+from pyflink_aisp.inference.handlers._onnx_runs import MAX_CONCURRENT_RUNS, run_threads
 from pyflink_aisp.inference.handlers._probe import (
     SWAP_PROBE_TEXTS,
     check_probe_batch_sizes,
@@ -81,8 +81,10 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
             :class:`~pyflink_aisp.inference.OnnxSentimentModel`); None: ORT's default.
         concurrent_runs: Model batches of the batch path computing at once, each
             ``session.run`` on its own thread (:meth:`pipeline_depth`; CPU provider only:
-            the session refuses it with IO binding); pair it with
-            ``intra_op_num_threads`` = cores / ``concurrent_runs``. 1: one batch at a time.
+            the session refuses it with IO binding). Above 1 with ``intra_op_num_threads``
+            None, each run gets the worker host's physical cores / ``concurrent_runs``
+            intra-op threads (at least 1; :func:`run_threads`, counted at load), so the runs
+            share the cores instead of each taking all of them. 1: one batch at a time.
 
     Raises:
         ConfigError: Unknown provider name or a ``device_id`` that does not fit
@@ -193,8 +195,9 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
         Raises:
             ModelError: a provider is unavailable or the model cannot be loaded.
         """
+        threads = self._threads if self._threads is not None else run_threads(self._runs)
         return OnnxSentimentModel(
-            assets, intra_op_num_threads=self._threads, providers=self._providers, verify=False,
+            assets, intra_op_num_threads=threads, providers=self._providers, verify=False,
             allow_spinning=self._allow_spinning, concurrent_runs=self._runs
         )
 

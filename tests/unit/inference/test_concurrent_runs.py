@@ -140,3 +140,31 @@ def test_a_run_that_timed_itself_is_charged_that_time() -> None:
         runtime.release()
     assert len(charged) == 3  # batches of 2, 2, 1
     assert all(_TimedHandler.RUN_S <= s < _TimedHandler.RUN_S + 0.05 for s in charged), charged
+
+
+@pytest.mark.parametrize(("runs", "cores", "threads"),
+                         [(1, 2, None), (2, 2, 1), (3, 2, 1), (2, 8, 4), (3, 8, 2)])
+def test_concurrent_runs_share_the_physical_cores(runs: int, cores: int, threads: int | None) -> None:
+    from pyflink_aisp.inference.handlers import run_threads
+
+    assert run_threads(runs, cores) == threads
+
+
+def test_run_threads_refuses_no_runs() -> None:
+    from pyflink_aisp.inference.handlers import run_threads
+
+    with pytest.raises(ConfigError, match="runs must be >= 1"):
+        run_threads(0)
+
+
+def test_a_handler_with_two_runs_and_no_thread_count_gives_each_run_half_the_cores(
+        quick_assets: ModelAssets, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyflink_aisp.inference.handlers._onnx_runs as runs_module
+
+    monkeypatch.setattr(runs_module.psutil, "cpu_count", lambda logical=True: 4)
+    split = SentimentHandler(quick_assets, concurrent_runs=2).load_model()
+    given = SentimentHandler(quick_assets, concurrent_runs=2, intra_op_num_threads=3).load_model()
+    one = SentimentHandler(quick_assets, intra_op_num_threads=None).load_model()
+    assert split._session.get_session_options().intra_op_num_threads == 2
+    assert given._session.get_session_options().intra_op_num_threads == 3
+    assert one._session.get_session_options().intra_op_num_threads == 0  # ORT's default stands
