@@ -9,7 +9,8 @@ in ``--rounds`` interleaved rounds, with the machine to itself (no broker, no JV
 and reports the median ms per call and the calls per second over the case's wall time. Run
 (about a minute)::
 
-    .venv/bin/python bench/concurrent_runs_bench.py [--out bench/concurrent_runs.json]
+    .venv/bin/python bench/concurrent_runs_bench.py [--out bench/concurrent_runs.json] \
+        [--report bench/CONCURRENT_RUNS.md]
 
 The same calls inside the job are in ``bench/latency_bench.py``'s ``-record1p2`` and ``-recordp2``
 cases (decision record 7).
@@ -57,12 +58,30 @@ def run_case(model: OnnxSentimentModel, texts: list[str], callers: int) -> dict[
     return {"median_ms_per_call": statistics.median(flat), "calls_per_s": len(flat) / wall}
 
 
+def render(res: dict[str, Any]) -> str:
+    """The markdown report: one row per case and round (median ms per call, calls/s)."""
+    lines = ["# One-record calls outside Flink (`bench/concurrent_runs_bench.py`)", "",
+             f"Machine: {res['machine']}.", "",
+             f"{res['calls']} reviews per case, one per call, machine to itself; median ms per call and "
+             "calls/s over the case's wall time.", "",
+             "| round | case | ms per call | calls/s |", "|---|---|---|---|"]
+    for i, row in enumerate(res["rounds"]):
+        lines += [f"| {i} | {name} | {r['median_ms_per_call']:.2f} | {r['calls_per_s']:.1f} |"
+                  for name, r in row.items()]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=400, help="calls per case (split among its callers)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "concurrent_runs.json")
+    p.add_argument("--report", type=Path, default=ROOT / "bench" / "CONCURRENT_RUNS.md")
+    p.add_argument("--render", action="store_true", help="only write --report from --out's results")
     a = p.parse_args()
+    if a.render:
+        a.report.write_text(render(json.loads(a.out.read_text(encoding="utf-8"))), encoding="utf-8")
+        return 0
     assets = ensure_model_assets()
     texts = [r.text for r in load_rotten_tomatoes()][: a.calls]
     cases: dict[str, tuple[dict[str, Any], int]] = {
@@ -85,6 +104,7 @@ def main() -> int:
                   f"{row[name]['calls_per_s']:.1f} calls/s", flush=True)
         res["rounds"].append(row)
     a.out.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    a.report.write_text(render(res), encoding="utf-8")
     return 0
 
 
