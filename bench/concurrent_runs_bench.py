@@ -6,8 +6,10 @@ threads (with and without spin-waiting, ``session.intra_op.allow_spinning``), or
 one-thread runs at once (``--pipeline-depth 2 --intra-op-threads 1``, two subtasks). Each case,
 in ``--rounds`` interleaved rounds, with the machine to itself (no broker, no JVM), scores
 ``--calls`` reviews one at a time per caller thread (``OnnxSentimentModel.predict`` of one text)
-and reports the median ms per call and the calls per second over the case's wall time. Run
-(about a minute)::
+and reports the median ms per call and the calls per second over the case's wall time. The
+``runtime`` cases make the same calls the way the record operator does, through the worker's
+``ModelRuntime.infer_batch`` (its batcher, and with ``--pipeline-depth 2`` the run pool), with
+``--latency-slo-ms 100``'s batching. Run (about two minutes)::
 
     .venv/bin/python bench/concurrent_runs_bench.py [--out bench/concurrent_runs.json] \
         [--report bench/CONCURRENT_RUNS.md]
@@ -29,13 +31,15 @@ from typing import Any
 import _report
 
 from pyflink_aisp.datasets import load_rotten_tomatoes
-from pyflink_aisp.inference.handlers import OnnxSentimentModel
+from pyflink_aisp.inference import ModelRuntime
+from pyflink_aisp.inference.handlers import OnnxSentimentModel, SentimentHandler
 from pyflink_aisp.models import ensure_model_assets
+from pyflink_aisp.pipeline import PipelineOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _calls(model: OnnxSentimentModel, texts: list[str], out: list[float]) -> None:
+def _calls(model: Any, texts: list[str], out: list[float]) -> None:
     """Score each text alone; append ms per call to ``out``."""
     for text in texts:
         start = time.perf_counter()
@@ -43,7 +47,7 @@ def _calls(model: OnnxSentimentModel, texts: list[str], out: list[float]) -> Non
         out.append((time.perf_counter() - start) * 1e3)
 
 
-def run_case(model: OnnxSentimentModel, texts: list[str], callers: int) -> dict[str, float]:
+def run_case(model: Any, texts: list[str], callers: int) -> dict[str, float]:
     """``callers`` threads, each scoring its own share of ``texts`` one at a time on ``model``."""
     times: list[list[float]] = [[] for _ in range(callers)]
     shares = [texts[i::callers] for i in range(callers)]
@@ -69,6 +73,31 @@ def render(res: dict[str, Any]) -> str:
         lines += [f"| {i} | {name} | {r['median_ms_per_call']:.2f} | {r['calls_per_s']:.1f} |"
                   for name, r in row.items()]
     return "\n".join(lines) + "\n"
+
+
+def run_runtime_case(assets: Any, texts: list[str], callers: int, depth: int,
+                     threads: int) -> dict[str, float]:
+    """``run_case`` through a ``ModelRuntime`` of the sentiment handler (``depth`` concurrent runs of
+    ``threads`` intra-op threads, no spin-wait), each caller's call one ``infer_batch([text])``."""
+    options = PipelineOptions(input_topic="i", output_topic="o", latency_slo_ms=100.0)
+    handler = SentimentHandler(assets, intra_op_num_threads=threads, allow_spinning=False,
+                               concurrent_runs=depth)
+    runtime = ModelRuntime.acquire(handler, options.batching())
+    try:
+        runtime.infer_batch(texts[:8])  # warm-up
+        return run_case(_RuntimeCalls(runtime), texts, callers)
+    finally:
+        runtime.release()
+
+
+class _RuntimeCalls:
+    """``predict`` of one text through ``ModelRuntime.infer_batch`` (what ``run_case`` calls)."""
+
+    def __init__(self, runtime: ModelRuntime) -> None:
+        self._runtime = runtime
+
+    def predict(self, texts: list[str]) -> Any:
+        return self._runtime.infer_batch(texts)
 
 
 def main() -> int:
@@ -100,6 +129,11 @@ def main() -> int:
             model = OnnxSentimentModel(assets, **kwargs)
             model.predict(texts[:8])  # warm-up
             row[name] = run_case(model, texts, callers)
+            print(f"[round {round_no}] {name}: {row[name]['median_ms_per_call']:.2f} ms per call, "
+                  f"{row[name]['calls_per_s']:.1f} calls/s", flush=True)
+        for depth, threads, callers in ((1, 2, 1), (1, 1, 2), (2, 1, 2)):
+            name = f"runtime, depth {depth}, {threads} intra-op thread(s), {callers} caller(s)"
+            row[name] = run_runtime_case(assets, texts, callers, depth, threads)
             print(f"[round {round_no}] {name}: {row[name]['median_ms_per_call']:.2f} ms per call, "
                   f"{row[name]['calls_per_s']:.1f} calls/s", flush=True)
         res["rounds"].append(row)

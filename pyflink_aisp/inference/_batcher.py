@@ -155,7 +155,12 @@ class MicroBatcher(Generic[T, R]):
             starting the model batch without waiting for it; needs ``run_rows``
             and ``collect``. None: every chunk batch runs through ``run_rows``.
         collect: ``handle`` → the launched batch's results, one per row, in order
-            (waits for them). Each handle is collected once, in launch order.
+            (waits for them). Each handle is collected once, in launch order, except
+            handles with ``add_done_callback(fn)`` and ``done()`` (``concurrent.futures.Future``):
+            while all in flight are such, the batching thread waits for one to finish or for
+            new work instead of waiting on the oldest, so a chunk submitted meanwhile launches
+            beside them below ``pipeline_depth`` (e.g. one record from each of two callers on
+            two concurrent runs), and each is collected once done, ahead of older ones.
         pipeline_depth: Most launched batches not yet collected (an int, or a
             callable read before each batch, e.g. the model's after a hot swap);
             1 (or no ``launch_rows``): ``run_rows`` is called and waited for.
@@ -342,7 +347,12 @@ class MicroBatcher(Generic[T, R]):
                     assert taken is not None  # a chunk is queued
                     return taken[0], taken[1], depth > 1
                 if self._inflight:
-                    return self._inflight.popleft()
+                    finished = next((e for e in self._inflight if e.done is not None and e.done()), None)
+                    if finished is not None:  # ahead of older batches still running
+                        self._inflight.remove(finished)
+                        return finished
+                    if any(e.done is None for e in self._inflight):
+                        return self._inflight.popleft()  # a handle that cannot wake us: wait on it
                 deadline = self._queue.deadline_s()
                 self._idle_wait = True
                 self._cond.wait(None if deadline is None else max(deadline - now, 0.0))
@@ -351,6 +361,19 @@ class MicroBatcher(Generic[T, R]):
                 return self._inflight.popleft()
             self._fail_queued()
             return None
+
+    def _watch(self, handle: Any) -> Callable[[], bool] | None:
+        """``handle.done`` once a callback that wakes the batching thread is registered on it
+        (a Future-like handle), else None (the handle is collected by waiting on it)."""
+        add, done = getattr(handle, "add_done_callback", None), getattr(handle, "done", None)
+        if not (callable(add) and callable(done)):
+            return None
+        add(lambda _handle: self._wake())
+        return done  # type: ignore[no-any-return]
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def _fail_queued(self) -> None:
         """On close (under the lock): every queued record and chunk row fails."""
@@ -382,7 +405,7 @@ class MicroBatcher(Generic[T, R]):
         except Exception as exc:
             error = exc
         else:
-            self._inflight.append(Launched(chunk, rows, handle, dispatched, knobs))
+            self._inflight.append(Launched(chunk, rows, handle, dispatched, knobs, self._watch(handle)))
             return
         forget_frames(error, keep_traceback=True)  # the failed launch's data dies before anything runs
         self._collect_all()  # an OOM retry must not compete with batches in flight for memory

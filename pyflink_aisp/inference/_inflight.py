@@ -70,6 +70,8 @@ class Launched:
         handle: What the launch function returned (the handler's own object).
         dispatched_s: Clock reading at launch (seconds).
         knobs: Batch size and wait in force at launch.
+        done: Whether the batch has finished, for a handle that can tell (a
+            ``concurrent.futures.Future``-like ``done()``), else None.
     """
 
     chunk: Chunk
@@ -77,6 +79,7 @@ class Launched:
     handle: Any
     dispatched_s: float
     knobs: Knobs
+    done: Callable[[], bool] | None = None
 
 
 class IsolationStats(Protocol):

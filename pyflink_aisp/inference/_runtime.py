@@ -43,7 +43,7 @@ import logging
 import pickle
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -97,6 +97,19 @@ class _Launched:
     handle: Any
     model: Any
     version: str
+
+    def done(self) -> bool:
+        """Whether the handler's handle finished (only called when it has ``done``)."""
+        return bool(self.handle.done())
+
+    @property
+    def add_done_callback(self) -> Callable[[Callable[[Any], None]], None] | None:
+        """The handler's handle's ``add_done_callback`` (a run pool's future), else None: with
+        it the batcher launches the next batch beside this one instead of waiting on it."""
+        inner = getattr(self.handle, "add_done_callback", None)
+        if not callable(inner):
+            return None
+        return lambda fn: inner(lambda _future: fn(self))
 
     @property
     def compute_s(self) -> float | None:

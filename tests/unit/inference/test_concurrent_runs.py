@@ -14,7 +14,14 @@ import numpy.typing as npt
 import pytest
 
 from pyflink_aisp.errors import ConfigError
-from pyflink_aisp.inference import BatchCuts, BatchingConfig, ModelHandler, ModelRuntime, Prepared
+from pyflink_aisp.inference import (
+    BatchCuts,
+    BatchingConfig,
+    MicroBatcher,
+    ModelHandler,
+    ModelRuntime,
+    Prepared,
+)
 from pyflink_aisp.inference.handlers import OnnxSentimentModel, SentimentHandler
 from pyflink_aisp.inference.handlers._onnx_runs import RunPool
 from pyflink_aisp.models import ModelAssets
@@ -168,3 +175,50 @@ def test_a_handler_with_two_runs_and_no_thread_count_gives_each_run_half_the_cor
     assert split._session.get_session_options().intra_op_num_threads == 2
     assert given._session.get_session_options().intra_op_num_threads == 3
     assert one._session.get_session_options().intra_op_num_threads == 0  # ORT's default stands
+
+
+def _future_launcher(release: dict[int, threading.Event], launched: list[int]) -> Any:
+    """launch_rows whose run of payload ``[k]`` finishes only when ``release[k]`` is set."""
+    pool = RunPool(2)
+
+    def run(k: int) -> list[int]:
+        assert release[k].wait(timeout=10)
+        return [10 * k]
+
+    def launch(payload: list[int], rows: npt.NDArray[np.intp]) -> Any:
+        launched.append(payload[0])
+        return pool.launch(run, payload[0])
+
+    return launch, pool
+
+
+@pytest.mark.parametrize("depth", [2, 1])
+def test_a_chunk_that_arrives_while_one_runs_launches_beside_it_below_the_depth(depth: int) -> None:
+    # the second caller's one-record chunk must not wait for the first one's run to be collected
+    release = {1: threading.Event(), 2: threading.Event()}
+    launched: list[int] = []
+    launch, pool = _future_launcher(release, launched)
+    batcher: MicroBatcher[int, int] = MicroBatcher(
+        lambda items: items, BatchingConfig(max_batch_size=4, max_wait_ms=0, batch_cuts=BatchCuts.FIXED),
+        run_rows=lambda payload, rows: launch(payload, rows).result(), launch_rows=launch,
+        collect=lambda handle: handle.result(), pipeline_depth=depth)
+    try:
+        first = batcher.submit_chunk([1], np.ones(1, dtype=np.int64))
+        deadline = time.monotonic() + 10
+        while launched != [1] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        second = batcher.submit_chunk([2], np.ones(1, dtype=np.int64))
+        time.sleep(0.2)  # the batching thread's chance to launch the second chunk
+        beside = launched == [1, 2]
+        release[2].set()
+        if depth == 2:
+            assert second.result(timeout=10) == [20]  # done while the first still runs
+            assert not first.done()
+        release[1].set()
+        assert first.result(timeout=10) == [10] and second.result(timeout=10) == [20]
+        assert beside is (depth == 2)  # one run at a time: the second waits for the first
+    finally:
+        release[1].set()
+        release[2].set()
+        batcher.close()
+        pool.close()
