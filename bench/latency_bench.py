@@ -26,9 +26,9 @@ and the Kafka client's 5 ms), ``-b20``
 ``-record`` (``--operator record``: one model call per record in Flink's thread mode, no bundle
 and no hop to a Python process), ``-record1`` (the same with ``--intra-op-threads 1``),
 ``-record-spin`` (the same with ``--onnx-spin-wait true``), ``-recordp2`` (the record operator at
-``--parallelism 2`` over two input partitions and ``--pipeline-depth 2``: the subtasks share one
-interpreter and model in thread mode, and two calls run at once, each with half the cores'
-intra-op threads, ``--intra-op-threads 0``), ``-record1p2`` (the same with ``--pipeline-depth 1``:
+``--parallelism 2`` over two input partitions: the subtasks share one interpreter and model in
+thread mode, and the job's derived ``--pipeline-depth`` (the parallelism) runs their two calls at
+once, each with half the cores' intra-op threads, ``--intra-op-threads 0``), ``-record1p2`` (the same with ``--pipeline-depth 1``:
 the two subtasks' calls take turns on the model they share) or
 ``-ct`` (the output topic keeps the sink producer's ``CreateTime``: the last stage then ends at
 the sink's ``send()``, and the difference to the plain case is the producer and the broker).
@@ -73,8 +73,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "record-spin": ("--operator", "record", "--onnx-spin-wait", "true"),
     "record1p2": ("--operator", "record", "--intra-op-threads", "1", "--pipeline-depth", "1",
                   "--parallelism", "2"),
-    "recordp2": ("--operator", "record", "--intra-op-threads", "0", "--pipeline-depth", "2",
-                 "--parallelism", "2")}
+    "recordp2": ("--operator", "record", "--intra-op-threads", "0", "--parallelism", "2")}
 #: Input topic partitions of a variant (default 1): a parallel job reads one per source subtask.
 PARTITIONS: dict[str, int] = {"record1p2": 2, "recordp2": 2}
 STAGES = ("kafka_to_worker", "decode", "inference", "render", "worker_to_kafka", "total")

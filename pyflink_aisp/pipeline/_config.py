@@ -32,7 +32,7 @@ from pyflink_aisp.alignment import parse_bound
 from pyflink_aisp.device import Device, DeviceKind
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.inference import BatchCuts, BatchingConfig, BreakerConfig, ModelSwapConfig
-from pyflink_aisp.inference.handlers import Pooling
+from pyflink_aisp.inference.handlers import MAX_CONCURRENT_RUNS, Pooling
 from pyflink_aisp.kafka import FieldMapping, StartupMode, ValueFormat, default_bootstrap_servers
 from pyflink_aisp.pipeline._options import (
     Derived,
@@ -132,7 +132,7 @@ class InferenceOptions(RemoteOptions):
         'torch: the next batch is prepared and copied while one computes (none: 2 on cuda, 1 on cpu). The '
         'ONNX sentiment model on the CPU: that many session.run calls compute at once, each on its own '
         'thread, with physical cores / depth intra-op threads each unless --intra-op-threads is given '
-        '(none: 1).', unit='batches',
+        '(none: 1; with --operator record, --parallelism: its subtasks share the model).', unit='batches',
         job_param='aisp.batch.pipeline-depth', nullable=True, minimum=1)
     latency_slo_ms: float | None = opt(None, B, 'p99 target of the inference operator: shorter bundles (SLO '
         "/ 30) and no ORT spin-wait; the async operator's batch size and wait are tuned online within "
@@ -381,6 +381,12 @@ class InferenceOptions(RemoteOptions):
     def effective_bundle_time_ms(self) -> int:
         """``bundle_time_ms``, else :func:`default_bundle_time_ms` of the SLO."""
         return self.bundle_time_ms or default_bundle_time_ms(self.latency_slo_ms)
+
+    @property
+    def concurrent_runs(self) -> int:
+        """Concurrent ``session.run`` calls of the ONNX sentiment model on the CPU:
+        ``pipeline_depth``, else 1."""
+        return self.pipeline_depth or 1
 
     @property
     def effective_spin_wait(self) -> bool | None:
@@ -645,6 +651,16 @@ class PipelineOptions(InferenceOptions):
                               "(--checkpoint-interval-ms + --checkpoint-timeout-ms) + the longest restart "
                               "wait, and 2 x --timeout-s; a transaction that times out before its checkpoint "
                               "commits is lost")
+
+    @property
+    def concurrent_runs(self) -> int:
+        """``pipeline_depth``; else, with ``--operator record``, ``parallelism`` (at most
+        :data:`~pyflink_aisp.inference.handlers.MAX_CONCURRENT_RUNS`): in Flink's thread mode
+        the subtasks of one TaskManager share one interpreter and its model, so each subtask's
+        call runs beside the others' instead of queueing behind them; else 1."""
+        if self.pipeline_depth is None and self.operator is Runner.RECORD:
+            return min(self.parallelism, MAX_CONCURRENT_RUNS)
+        return super().concurrent_runs
 
     def _device_default(self, option: Option) -> Any:
         """As :class:`InferenceOptions`; on a GPU the async operator's derived batch size is

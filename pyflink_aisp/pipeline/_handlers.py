@@ -181,4 +181,4 @@ def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
                                      **torch_device_kwargs(options))
     return SentimentHandler(model_assets(options), intra_op_num_threads=threads, providers=providers,
                             device_id=device_id, allow_spinning=options.effective_spin_wait,
-                            concurrent_runs=options.pipeline_depth or 1)
+                            concurrent_runs=options.concurrent_runs)

@@ -28,7 +28,7 @@ from pyflink_aisp.inference.handlers._onnx_predictor import (
     PredictorModel,
     predictor_fields,
 )
-from pyflink_aisp.inference.handlers._onnx_runs import run_threads
+from pyflink_aisp.inference.handlers._onnx_runs import MAX_CONCURRENT_RUNS, run_threads
 from pyflink_aisp.inference.handlers._probe import SWAP_PROBE_TEXTS, check_probe_outputs
 from pyflink_aisp.inference.handlers._sentiment import SentimentHandler, SentimentPrediction
 from pyflink_aisp.inference.handlers._torch import (
@@ -39,6 +39,7 @@ from pyflink_aisp.inference.handlers._torch import (
 from pyflink_aisp.inference.handlers._torch_encoder import TorchEncoderHandler, TorchEncoderModel
 
 __all__ = [
+    "MAX_CONCURRENT_RUNS",
     "SWAP_PROBE_TEXTS",
     "ExecutionProvider",
     "OnnxClassifierHandler",

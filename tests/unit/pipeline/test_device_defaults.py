@@ -187,6 +187,23 @@ def test_the_onnx_sentiment_model_on_the_cpu_takes_a_pipeline_depth_as_concurren
     assert handler._runs == 2 and handler._threads == 1  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(("fields", "runs"), [
+    ({"operator": "record", "parallelism": 2}, 2),
+    ({"operator": "record", "parallelism": 20}, 8),  # MAX_CONCURRENT_RUNS
+    ({"operator": "record", "parallelism": 2, "pipeline_depth": 1}, 1),  # given: it stands
+    ({"operator": "record"}, 1),
+    ({"operator": "arrow", "parallelism": 2}, 1),
+])
+def test_the_record_operators_subtasks_run_the_model_side_by_side(fields: dict[str, Any], runs: int) -> None:
+    from pyflink_aisp.pipeline import PipelineOptions
+    from pyflink_aisp.pipeline._handlers import handler_for
+
+    options = PipelineOptions(input_topic="i", output_topic="o", **fields)
+    handler = handler_for(options)
+    assert options.concurrent_runs == runs
+    assert handler._runs == runs and handler._threads is None  # type: ignore[attr-defined]
+
+
 class Recorder:
     """Stands in for TorchSentimentHandler: records its arguments."""
 
