@@ -106,6 +106,40 @@ def test_scores_every_review_once_and_dead_letters_bad_records(
     assert [_source_offset(m, t_in) for m in dlq] == [d["offset"] for d in letters]
 
 
+def test_the_record_operator_at_parallelism_2_scores_both_partitions_with_concurrent_runs(
+    kafka_bootstrap, topic, model_assets, reviews, expected_scores
+):
+    """``--operator record --parallelism 2`` (thread mode): the two subtasks share one model that runs
+    their calls side by side (the derived ``--pipeline-depth 2``, one intra-op thread each on the
+    2-core machines here); every review of both partitions is scored once, with the scores of one
+    call at a time."""
+    t_in, t_out = topic("in"), topic("out")
+    create_topics(kafka_bootstrap, [t_in], partitions=2)
+    create_topics(kafka_bootstrap, [t_out])
+    few = reviews[:120]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    for i, r in enumerate(few):
+        producer.produce(t_in, value=json.dumps({"id": r.id, "text": r.text}).encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    cfg = PipelineOptions.from_args([
+        "--bootstrap-servers", kafka_bootstrap, "--input-topic", t_in, "--output-topic", t_out,
+        "--mode", "streaming", "--model-dir", str(model_assets.directory), "--operator", "record",
+        "--parallelism", "2", "--checkpoint-interval-ms", "1000",
+    ])
+    assert cfg.concurrent_runs == 2
+    result = build_pipeline(make_environment(cfg), cfg)
+    try:
+        out = read_topic(kafka_bootstrap, t_out, min_count=len(few), timeout_s=240, quiet_s=4)
+    finally:
+        result.get_job_client().cancel().result()
+    docs = [json.loads(m.value()) for m in out]
+    assert sorted(d["id"] for d in docs) == sorted(r.id for r in few)
+    for d in docs:
+        assert d["score"] == pytest.approx(expected_scores[d["id"]], abs=1e-5)
+    partitions = {dict(m.headers())["aisp.source"].decode().split("/")[1] for m in out}
+    assert partitions == {"0", "1"}
+
+
 def _source_offset(message, input_topic):
     headers = dict(message.headers())
     assert set(headers) == {"aisp.source", "aisp.job"}
