@@ -28,8 +28,9 @@ and no hop to a Python process), ``-record1`` (the same with ``--intra-op-thread
 ``-record-spin`` (the same with ``--onnx-spin-wait true``), ``-recordp2`` (the record operator at
 ``--parallelism 2`` over two input partitions: the subtasks share one interpreter and model in
 thread mode, and the job's derived ``--pipeline-depth`` (the parallelism) runs their two calls at
-once, each with half the cores' intra-op threads, ``--intra-op-threads 0``), ``-record1p2`` (the same with ``--pipeline-depth 1``:
-the two subtasks' calls take turns on the model they share) or
+once, each with half the cores' intra-op threads, ``--intra-op-threads 0``), ``-record1p2`` (the
+same with ``--pipeline-depth 1`` and one intra-op thread: the two subtasks' calls take turns on the
+model they share) or
 ``-ct`` (the output topic keeps the sink producer's ``CreateTime``: the last stage then ends at
 the sink's ``send()``, and the difference to the plain case is the producer and the broker).
 
