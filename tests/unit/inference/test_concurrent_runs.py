@@ -222,3 +222,67 @@ def test_a_chunk_that_arrives_while_one_runs_launches_beside_it_below_the_depth(
         release[2].set()
         batcher.close()
         pool.close()
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+def test_many_callers_on_concurrent_runs_each_get_their_own_results(depth: int) -> None:
+    # runs that finish out of launch order, chunks of 1-5 rows from four threads: every row gets its
+    # own result once, and nothing hangs
+    import random
+
+    pool = RunPool(depth)
+    rng = random.Random(7)
+    delays = [rng.uniform(0.0, 0.003) for _ in range(1000)]
+
+    def run(payload: list[int], rows: list[int], delay: float) -> list[int]:
+        time.sleep(delay)
+        return [payload[i] * 10 for i in rows]
+
+    def launch(payload: list[int], rows: npt.NDArray[np.intp]) -> Any:
+        return pool.launch(run, payload, rows.tolist(), delays[payload[0] % 1000])
+
+    batcher: MicroBatcher[int, int] = MicroBatcher(
+        lambda items: items, BatchingConfig(max_batch_size=2, max_wait_ms=0, batch_cuts=BatchCuts.FIXED),
+        run_rows=lambda payload, rows: [payload[i] * 10 for i in rows.tolist()], launch_rows=launch,
+        collect=lambda handle: handle.result(), pipeline_depth=depth)
+    failures: list[str] = []
+
+    def caller(c: int) -> None:
+        for k in range(40):
+            size = 1 + (c + k) % 5
+            payload = [c * 1000 + k * 10 + i for i in range(size)]
+            got = batcher.submit_chunk(payload, np.ones(size, dtype=np.int64)).result(timeout=10)
+            if got != [v * 10 for v in payload]:
+                failures.append(f"caller {c} chunk {k}: {got}")
+
+    threads = [threading.Thread(target=caller, args=(c,)) for c in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    try:
+        assert not any(t.is_alive() for t in threads) and failures == []
+    finally:
+        batcher.close()
+        pool.close()
+
+
+def test_close_while_the_batching_thread_waits_on_a_running_batch_collects_it() -> None:
+    release = {1: threading.Event(), 2: threading.Event()}
+    launched: list[int] = []
+    launch, pool = _future_launcher(release, launched)
+    batcher: MicroBatcher[int, int] = MicroBatcher(
+        lambda items: items, BatchingConfig(max_batch_size=4, max_wait_ms=0, batch_cuts=BatchCuts.FIXED),
+        run_rows=lambda payload, rows: launch(payload, rows).result(), launch_rows=launch,
+        collect=lambda handle: handle.result(), pipeline_depth=2)
+    first = batcher.submit_chunk([1], np.ones(1, dtype=np.int64))
+    deadline = time.monotonic() + 10
+    while launched != [1] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    threading.Timer(0.2, release[1].set).start()
+    try:
+        batcher.close()  # returns once the run in flight is collected
+        assert first.done() and first.result(timeout=0) == [10]
+    finally:
+        release[1].set()
+        pool.close()
