@@ -64,11 +64,12 @@ def _collect(job: StreamingJob, bootstrap: str, topic: str, want: int, timeout_s
 
 
 def _run_preloaded(bootstrap: str, texts: list[str], settings: JobSettings, log_dir: Path,
-                   tag: str) -> tuple[dict[str, float], float, float]:
-    """Preload ``texts``, run the job until every output arrived; returns the output
-    append times (ms) by key, the job's start (ms) and how long it took to stop (s)."""
+                   tag: str, partitions: int = 1) -> tuple[dict[str, float], float, float]:
+    """Preload ``texts`` into a topic of ``partitions`` partitions (keys hashed across them), run
+    the job until every output arrived; returns the output append times (ms) by key, the job's
+    start (ms) and how long it took to stop (s)."""
     in_topic, out_topic = _topics(tag)
-    create_stamped_topics(bootstrap, [in_topic, out_topic])
+    create_stamped_topics(bootstrap, [in_topic, out_topic], partitions=partitions)
     produce_all(bootstrap, in_topic, [(f"r{i}", t) for i, t in enumerate(texts)])
     with StreamingJob(settings, in_topic, out_topic, log_dir / f"{in_topic}.log") as job:
         timeout = STARTUP_TIMEOUT_S + len(texts) / 20.0
@@ -80,9 +81,9 @@ def _run_preloaded(bootstrap: str, texts: list[str], settings: JobSettings, log_
 
 
 def throughput_run(bootstrap: str, texts: list[str], settings: JobSettings, *, log_dir: Path,
-                   tag: str, probe: int = 64) -> dict[str, Any]:
-    """(e): preload all texts, run the job until every output arrived; before it, a
-    probe run over the first ``probe`` texts measures start-up alone.
+                   tag: str, probe: int = 64, partitions: int = 1) -> dict[str, Any]:
+    """(e): preload all texts into a topic of ``partitions`` partitions, run the job until every
+    output arrived; before it, a probe run over the first ``probe`` texts measures start-up alone.
 
     Returns:
         ``records_per_s`` (outputs / (last output - process start - the probe's
@@ -90,16 +91,17 @@ def throughput_run(bootstrap: str, texts: list[str], settings: JobSettings, *, l
         outputs leave the Python worker in bursts, one per bundle, so the spacing
         of output times alone would mislead), ``probe_startup_s``,
         ``startup_s`` (process start to first output), ``span_s``, ``rows``,
-        ``wall_s`` (process start to last output).
+        ``wall_s`` (process start to last output), ``started_ms`` (the process start, epoch ms).
 
     Raises:
         RuntimeError: the job exited or produced no output in time.
     """
     print(f"[{tag}] start-up probe: {probe} reviews ...", flush=True)
-    probe_out, probe_start_ms, _ = _run_preloaded(bootstrap, texts[:probe], settings, log_dir, f"{tag}-probe")
+    probe_out, probe_start_ms, _ = _run_preloaded(bootstrap, texts[:probe], settings, log_dir, f"{tag}-probe",
+                                                  partitions)
     probe_s = (max(probe_out.values()) - probe_start_ms) / 1000.0
     print(f"[{tag}] streaming job over {len(texts):,} preloaded reviews ...", flush=True)
-    out, started_ms, stop_s = _run_preloaded(bootstrap, texts, settings, log_dir, tag)
+    out, started_ms, stop_s = _run_preloaded(bootstrap, texts, settings, log_dir, tag, partitions)
     print(f"[{tag}] job stopped in {stop_s:.1f} s", flush=True)
     first, last = min(out.values()), max(out.values())
     span_s = (last - started_ms) / 1000.0 - probe_s
@@ -107,6 +109,7 @@ def throughput_run(bootstrap: str, texts: list[str], settings: JobSettings, *, l
               "probe_startup_s": probe_s,
               "expected": len(texts), "span_s": span_s, "startup_s": (first - started_ms) / 1000.0,
               "wall_s": (last - started_ms) / 1000.0, "slo_ms": settings.latency_slo_ms,
+              "started_ms": started_ms, "partitions": partitions,
               "command": command_line(settings, _topics(tag))}
     print(f"[{tag}] {result['records_per_s']:,.0f} records/s steady, start-up {probe_s:.1f} s (probe), "
           f"{len(out):,}/{len(texts):,} outputs", flush=True)
@@ -114,8 +117,10 @@ def throughput_run(bootstrap: str, texts: list[str], settings: JobSettings, *, l
 
 
 def latency_run(bootstrap: str, texts: list[str], settings: JobSettings, *, rate_per_s: float,
-                seconds: float, warmup_s: float, log_dir: Path, tag: str) -> dict[str, Any]:
-    """One offered load: start the job, wait until it answers, then write at ``rate_per_s``.
+                seconds: float, warmup_s: float, log_dir: Path, tag: str,
+                partitions: int = 1) -> dict[str, Any]:
+    """One offered load: start the job, wait until it answers, then write at ``rate_per_s`` into a
+    topic of ``partitions`` partitions.
 
     Returns:
         Offered and achieved rate, measured and missing records, p50/p90/p99/max
@@ -125,7 +130,7 @@ def latency_run(bootstrap: str, texts: list[str], settings: JobSettings, *, rate
         RuntimeError: the job exited or never answered the readiness records.
     """
     in_topic, out_topic = _topics(f"lat-{tag}")
-    create_stamped_topics(bootstrap, [in_topic, out_topic])
+    create_stamped_topics(bootstrap, [in_topic, out_topic], partitions=partitions)
     print(f"[latency {tag}] {rate_per_s:,.0f} records/s for {seconds:.0f} s ...", flush=True)
     with StreamingJob(settings, in_topic, out_topic, log_dir / f"{in_topic}.log") as job:
         ready = [(f"ready-{i}", texts[i % len(texts)]) for i in range(READY_RECORDS)]

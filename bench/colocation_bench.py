@@ -12,6 +12,11 @@ Not a test. Issue 24's diagnosis bench, side by side in one run on one machine
   (Flink's MiniCluster and the broker) reniced to +10, so the ONNX Runtime
   intra-op threads preempt them (the straggler hypothesis: a parallel op waits
   for its slowest thread, and a runnable JVM thread delays one of the two);
+  and ``--parallelism 2`` over a topic of two partitions with one intra-op
+  thread per run (``p2-t1``; ``p2-t1-d2`` with ``--pipeline-depth 2``: the
+  local job's subtasks share one model, so two runs go at once), where no op
+  waits for a second thread; each job's records/s is the inference bench's (e)
+  (a start-up probe, then every text; start-up taken out);
 - **per-thread CPU** over each job's steady phase (first to last output),
   grouped by process role (broker JVM, Flink JVM, Python worker, job client,
   bench) and thread name, as CPU-ms per record, beside the plain loop's own
@@ -47,7 +52,7 @@ from typing import Any
 import _report
 import psutil
 from _job_runner import JobSettings
-from _kafka_streaming import _run_preloaded, latency_run
+from _kafka_streaming import latency_run, throughput_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -164,27 +169,26 @@ def reniced_jvms(nice: int) -> Iterator[None]:
 
 
 def job_run(bootstrap: str, texts: list[str], settings: JobSettings, log_dir: Path, tag: str,
-            renice: int | None = None) -> dict[str, Any]:
-    """One preloaded job run under the sampler: throughput over the steady phase and CPU per record."""
+            renice: int | None = None, partitions: int = 1) -> dict[str, Any]:
+    """One preloaded job run under the sampler (:func:`throughput_run`: a start-up probe, then all
+    texts): its records/s with start-up taken out, as the inference bench's (e), and the CPU per
+    record over the steady phase (the last nine tenths of first output → last output)."""
     with Sampler() as sampler, (reniced_jvms(renice) if renice is not None else contextlib.nullcontext()):
-        out, started_ms, _ = _run_preloaded(bootstrap, texts, settings, log_dir, tag)
-    first, last = min(out.values()) / 1000, max(out.values()) / 1000
-    # the steady phase: from a tenth of the outputs to the last (start-up and the first bundle left out)
-    stamps = sorted(out.values())
-    steady_from = stamps[len(stamps) // 10] / 1000
-    n_steady = len(stamps) - len(stamps) // 10
-    wall, cpu = sampler.between(steady_from, last)
+        run = throughput_run(bootstrap, texts, settings, log_dir=log_dir, tag=tag, partitions=partitions)
+    start_s = run["started_ms"] / 1000
+    first, last = start_s + run["startup_s"], start_s + run["wall_s"]
+    wall, cpu = sampler.between(first + (last - first) / 10, last)
     by_role: dict[str, float] = defaultdict(float)
     for (role, _), sec in cpu.items():
         by_role[role] += sec
-    rate = n_steady / (last - steady_from) if last > steady_from else 0.0
+    rate = run["records_per_s"]
     records = rate * wall if wall else 0.0
     top = sorted(cpu.items(), key=lambda kv: -kv[1])[:14]
     per_role = {r: 1000 * s / records for r, s in by_role.items()} if records else {}
     per_thread = [[r, t, 1000 * s / records] for (r, t), s in top] if records else []
-    return {"records_per_s_steady": rate, "outputs": len(out),
-            "records_per_s_first_to_last": (len(out) - 1) / (last - first) if last > first else 0.0,
-            "first_output_s": first - started_ms / 1000,
+    return {"records_per_s": rate, "outputs": run["rows"], "partitions": partitions,
+            "records_per_s_first_to_last": (run["rows"] - 1) / (last - first) if last > first else 0.0,
+            "first_output_s": run["startup_s"], "probe_startup_s": run["probe_startup_s"],
             "window_s": wall, "cores_busy": sum(cpu.values()) / wall if wall else 0.0,
             "cpu_ms_per_record_by_role": per_role, "top_threads_ms_per_record": per_thread}
 
@@ -208,15 +212,21 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...], int | None]] = {
     "spin-off": ("spin-wait off", ("--onnx-spin-wait", "false"), None),
     "spin-off-nice": ("spin-wait off, JVMs nice +10", ("--onnx-spin-wait", "false"), 10),
     "nice": ("default, JVMs nice +10", (), 10),
+    "p2-t1": ("parallelism 2, one intra-op thread each", ("--parallelism", "2", "--intra-op-threads", "1"),
+              None),
+    "p2-t1-d2": ("parallelism 2, one intra-op thread each, pipeline depth 2",
+                 ("--parallelism", "2", "--intra-op-threads", "1", "--pipeline-depth", "2"), None),
 }
+#: Input topic partitions of a variant (default 1): a parallel job reads one per source subtask.
+PARTITIONS: dict[str, int] = {"p2-t1": 2, "p2-t1-d2": 2}
 
 
 def _by_variant(res: dict[str, Any]) -> dict[str, list[float]]:
     base = (res["plain_before"]["records_per_s"] + res["plain_after"]["records_per_s"]) / 2
     out: dict[str, list[float]] = defaultdict(list)
     for name, r in res["jobs"].items():
-        if "records_per_s_steady" in r:
-            out[name.rsplit(" #", 1)[0]].append(round(r["records_per_s_steady"] / base, 3))
+        if "records_per_s" in r:
+            out[name.rsplit(" #", 1)[0]].append(round(r["records_per_s"] / base, 3))
     return dict(out)
 
 
@@ -263,19 +273,20 @@ def main() -> int:
             time.sleep(6)
         w, cpu = idle.between(0, time.time())
         res["idle_broker_cores"] = sum(cpu.values()) / w if w else 0.0
-        variants = [VARIANTS[v] for v in a.variants.split(",")]
-        for name, extra, renice in variants:
+        for variant in a.variants.split(","):
+            name, extra, renice = VARIANTS[variant]
             name = f"{name} #{sum(k.rsplit(' #', 1)[0] == name for k in res['jobs']) + 1}"
             print(f"[job {name}] ...", flush=True)
             try:
-                r = job_run(bootstrap, texts, settings(*extra), log_dir, f"co-{len(res['jobs'])}", renice)
+                r = job_run(bootstrap, texts, settings(*extra), log_dir, f"co-{len(res['jobs'])}", renice,
+                            PARTITIONS.get(variant, 1))
             except Exception as exc:  # report and go on
                 r = {"error": f"{type(exc).__name__}: {exc}"}
             res["jobs"][name] = r
             print(f"[job {name}] {json.dumps(r)[:600]}", flush=True)
             save()
         if a.latency:
-            rates = [r["records_per_s_steady"] for r in res["jobs"].values() if "records_per_s_steady" in r]
+            rates = [r["records_per_s"] for r in res["jobs"].values() if "records_per_s" in r]
             base = rates[0] if rates else 200.0
             conf = str(conf_dir_with({"execution.buffer-timeout.interval": "5 ms"}))
             slo = a.slo_ms
@@ -309,8 +320,8 @@ def main() -> int:
     res["ratios_to_plain_alone_by_variant"] = _by_variant(res)
     base = (res["plain_before"]["records_per_s"] + res["plain_after"]["records_per_s"]) / 2
     for r in res["jobs"].values():
-        if "records_per_s_steady" in r:
-            r["ratio_to_plain_alone"] = r["records_per_s_steady"] / base
+        if "records_per_s" in r:
+            r["ratio_to_plain_alone"] = r["records_per_s"] / base
     save()
     print(json.dumps({k: v.get("ratio_to_plain_alone") for k, v in res["jobs"].items()}), flush=True)
     return 0

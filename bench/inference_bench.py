@@ -87,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="records/s the loads are fractions of (default: (e)'s measured throughput)")
     p.add_argument("--job-args", default="",
                    help='extra flags for every (e) and latency job: --job-args="--bundle-time-ms 10"')
+    p.add_argument("--input-partitions", type=int, default=1,
+                   help="partitions of each (e) and latency input topic: a job at --parallelism N "
+                        '(in --job-args) reads one per source subtask')
     p.add_argument("--out-dir", type=Path, default=ROOT / "bench")
     p.add_argument("--keep-logs", action="store_true", help="keep the job logs in <out-dir>/logs")
     p.add_argument("--child", choices=["udf", "beam"], help=argparse.SUPPRESS)
@@ -283,7 +286,7 @@ def run_streaming(args: argparse.Namespace, assets: Any, texts: list[str], resul
             for key, slo, extra in cases:
                 r = _guarded(results, key, throughput_run, bootstrap, texts,
                              _settings(args, bootstrap, assets, slo, extra), log_dir=log_dir,
-                             tag=key.replace(" ", "-"))
+                             tag=key.replace(" ", "-"), partitions=args.input_partitions)
                 if r is not None:
                     results["throughput"][key] = r
         base = args.base_rate or results["throughput"].get("e", {}).get("records_per_s")
@@ -301,7 +304,8 @@ def run_streaming(args: argparse.Namespace, assets: Any, texts: list[str], resul
                                    bootstrap, texts, _settings(args, bootstrap, assets, slo, extra),
                                    rate_per_s=load * base, seconds=args.load_seconds,
                                    warmup_s=args.warmup_seconds, log_dir=log_dir,
-                                   tag=f"{int(load * 100)}-{'slo' if slo else 'fixed'}-{cuts}")
+                                   tag=f"{int(load * 100)}-{'slo' if slo else 'fixed'}-{cuts}",
+                                   partitions=args.input_partitions)
                     if run is not None:
                         results["latency"].append({"load": load, "slo_ms": slo, "cuts": cuts, **run})
 
@@ -324,12 +328,13 @@ def run_round(k: int, args: argparse.Namespace, assets: Any, texts: list[str], r
     row: dict[str, Any] = {"round": k}
     with bench_broker() as bootstrap:
         e = throughput_run(bootstrap, texts, _settings(args, bootstrap, assets, None), log_dir=log_dir,
-                           tag=f"e-round-{k}")
+                           tag=f"e-round-{k}", partitions=args.input_partitions)
         base = results.get("latency_base_per_s")
         if base and not {"latency", "slo"} & args.skip and "slo" not in results["errors"]:
             run = latency_run(bootstrap, texts, _settings(args, bootstrap, assets, args.slo_ms),
                               rate_per_s=0.3 * base, seconds=args.load_seconds,
-                              warmup_s=args.warmup_seconds, log_dir=log_dir, tag=f"30-slo-round-{k}")
+                              warmup_s=args.warmup_seconds, log_dir=log_dir, tag=f"30-slo-round-{k}",
+                              partitions=args.input_partitions)
             row["p99_ms"], row["p50_ms"] = run["p99_ms"], run["p50_ms"]
     after = run_plain_loop(assets, texts, intra_op_threads=args.threads, batch_size=a_first["batch_size"])
     row.update(a_before=before, a_after=after.records_per_s, a=(before + after.records_per_s) / 2,
