@@ -31,6 +31,7 @@ Thread names come from ``/proc/<pid>/task/<tid>/comm`` (psutil gives thread
 CPU times, not names). Run::
 
     .venv/bin/python bench/colocation_bench.py [--reviews 4000] [--latency] [--out bench/colocation.json]
+        [--report bench/COLOCATION.md]   # --render: the report from --out alone
 """
 
 from __future__ import annotations
@@ -230,6 +231,34 @@ def _by_variant(res: dict[str, Any]) -> dict[str, list[float]]:
     return dict(out)
 
 
+def render(res: dict[str, Any]) -> str:
+    """The report of one run: the jobs against the plain loop alone, and their CPU per record by role."""
+    before, after = res["plain_before"], res["plain_after"]
+    base = (before["records_per_s"] + after["records_per_s"]) / 2
+    roles = sorted({r for j in res["jobs"].values() for r in j.get("cpu_ms_per_record_by_role", {})})
+    lines = ["# Co-location cost (`bench/colocation_bench.py`)", "",
+             f"Machine: {res['machine']}.", "",
+             f"{res['reviews']:,} reviews, {res['threads']} intra-op threads. Plain loop alone (no broker, "
+             f"no JVM; batch {res['plain_batch_size']}): {before['records_per_s']:.1f} records/s before the "
+             f"jobs and {after['records_per_s']:.1f} after, mean {base:.1f}; its CPU "
+             f"{before['cpu_ms_per_record']:.2f} / {after['cpu_ms_per_record']:.2f} ms per record. The idle "
+             f"bench broker kept {res.get('idle_broker_cores', 0.0):.2f} cores busy.", "",
+             "Each job: records/s as the inference bench's (e) (start-up probe taken out), and CPU ms per "
+             "record over its steady phase by process role (`bench` is the consumer that collects the "
+             "outputs; `other`, the rest of the machine: kernel workers and the like).", "",
+             "| job | records/s | vs plain alone | cores busy | " + " | ".join(roles) + " |",
+             "|---|---|---|---|" + "---|" * len(roles)]
+    for name, j in res["jobs"].items():
+        if "records_per_s" not in j:
+            lines.append(f"| {name} | {j.get('error', 'no result')} |")
+            continue
+        by_role = j.get("cpu_ms_per_record_by_role", {})
+        lines.append(f"| {name} | {j['records_per_s']:.1f} | {j['records_per_s'] / base:.3f}x | "
+                     f"{j['cores_busy']:.2f} | " + " | ".join(f"{by_role.get(r, 0.0):.2f}" for r in roles)
+                     + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reviews", type=int, default=4000)
@@ -243,7 +272,14 @@ def main() -> int:
                    help="which latency cases (indexes into the list in main)")
     p.add_argument("--load-seconds", type=float, default=30.0)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "colocation_results.json")
+    p.add_argument("--report", type=Path, default=None, help="also write the markdown report here")
+    p.add_argument("--render", action="store_true", help="only write --report from --out's results")
     a = p.parse_args()
+    if a.render:
+        if a.report is None:
+            p.error("--render needs --report")
+        a.report.write_text(render(json.loads(a.out.read_text())), encoding="utf-8")
+        return 0
 
     from _kafka_load import bench_broker
 
@@ -323,6 +359,8 @@ def main() -> int:
         if "records_per_s" in r:
             r["ratio_to_plain_alone"] = r["records_per_s"] / base
     save()
+    if a.report is not None:
+        a.report.write_text(render(res), encoding="utf-8")
     print(json.dumps({k: v.get("ratio_to_plain_alone") for k, v in res["jobs"].items()}), flush=True)
     return 0
 
