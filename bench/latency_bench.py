@@ -282,7 +282,8 @@ def main() -> int:
             except Exception as exc:  # report and go on
                 r = {"error": f"{type(exc).__name__}: {exc}"}
             r["wall_s"] = time.monotonic() - started
-            res["cases"][name] = r
+            repeat = sum(k.split(" #")[0] == name for k in res["cases"])
+            res["cases"][f"{name} #{repeat + 1}" if repeat else name] = r  # a repeated case keeps both
             print(f"[{name}] {json.dumps(r)[:900]}", flush=True)
             a.out.write_text(json.dumps(res, indent=1))
     report = render(res)
