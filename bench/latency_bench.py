@@ -30,9 +30,10 @@ and no hop to a Python process), ``-record1`` (the same with ``--intra-op-thread
 thread mode, and the job's derived ``--pipeline-depth`` (the parallelism) runs their two calls at
 once, each with half the cores' intra-op threads, ``--intra-op-threads 0``), ``-record1p2`` (the
 same with ``--pipeline-depth 1`` and one intra-op thread: the two subtasks' calls take turns on the
-model they share), ``-p2`` (the Arrow operator at ``--parallelism 2`` over two input partitions, one
-intra-op thread), ``-p2d2`` (the same with ``--pipeline-depth 2``: two runs at once where the
-subtasks share a model) or
+model they share), ``-recordp2t2`` (``-recordp2`` with two intra-op threads per run: a lone call
+gets both cores, two calls oversubscribe them), ``-p2`` (the Arrow operator at ``--parallelism 2``
+over two input partitions, one intra-op thread), ``-p2d2`` (the same with ``--pipeline-depth 2``:
+two runs at once where the subtasks share a model) or
 ``-ct`` (the output topic keeps the sink producer's ``CreateTime``: the last stage then ends at
 the sink's ``send()``, and the difference to the plain case is the producer and the broker).
 
@@ -77,10 +78,11 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "record1p2": ("--operator", "record", "--intra-op-threads", "1", "--pipeline-depth", "1",
                   "--parallelism", "2"),
     "recordp2": ("--operator", "record", "--intra-op-threads", "0", "--parallelism", "2"),
+    "recordp2t2": ("--operator", "record", "--intra-op-threads", "2", "--parallelism", "2"),
     "p2": ("--intra-op-threads", "1", "--parallelism", "2"),
     "p2d2": ("--intra-op-threads", "1", "--parallelism", "2", "--pipeline-depth", "2")}
 #: Input topic partitions of a variant (default 1): a parallel job reads one per source subtask.
-PARTITIONS: dict[str, int] = {"record1p2": 2, "recordp2": 2, "p2": 2, "p2d2": 2}
+PARTITIONS: dict[str, int] = {"record1p2": 2, "recordp2": 2, "recordp2t2": 2, "p2": 2, "p2d2": 2}
 STAGES = ("kafka_to_worker", "decode", "inference", "render", "worker_to_kafka", "total")
 
 
