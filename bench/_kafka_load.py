@@ -199,7 +199,9 @@ def collect_stamps(
 
 def end_offset(bootstrap: str, topic: str) -> int:
     """Sum of the partitions' high watermarks (read_uncommitted end; transaction markers count)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"aisp-bench-{time.monotonic_ns()}"})
+    # librdkafka's default read_committed would return the last stable offset: open transactions hidden
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"aisp-bench-{time.monotonic_ns()}",
+                         "isolation.level": "read_uncommitted"})
     try:
         meta = consumer.list_topics(topic, timeout=10).topics[topic]
         return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]

@@ -1,6 +1,7 @@
 """Where a slow record waited before the operator (``latency_bench.py``): behind a busy worker or
-with the worker idle (:func:`wait_split`), and across which of the job JVM's safepoint pauses
-(``--jvm-log-dir``).
+with the worker idle (:func:`wait_split`), across which of the job JVM's safepoint pauses
+(``--jvm-log-dir``), and during which of the job's checkpoints (:func:`checkpoint_summary`, from
+the CheckpointCoordinator's log lines).
 
 The JVM logs with JDK unified logging, ``-Xlog:gc,safepoint:file=...:timemillis,uptimemillis``
 (JEP 158). A safepoint line is written when the safepoint ends and reads::
@@ -22,9 +23,74 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Pause", "pause_summary", "read_pause_dir", "read_pauses", "wait_split"]
+__all__ = ["Checkpoint", "Pause", "checkpoint_summary", "pause_summary", "read_checkpoints", "read_pause_dir",
+           "read_pauses", "wait_split"]
 
 _SAFEPOINT = re.compile(r'^\[(\d+)ms\]\[\d+ms\] Safepoint "([^"]+)".*?Total: (\d+) ns')
+# Flink's CheckpointCoordinator: "Triggering checkpoint 3 (type=...) @ 1796596470620 for job <id>." and
+# "Completed checkpoint 3 for job <id> (3855 bytes, checkpointDuration=144 ms, finalizationTime=11 ms)."
+_TRIGGERED = re.compile(r"Triggering checkpoint (\d+) .*?@ (\d+) for job (\w+)")
+_COMPLETED = re.compile(r"Completed checkpoint (\d+) for job (\w+) .*?checkpointDuration=(\d+) ms")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One completed checkpoint: from its trigger (``start_ms``, epoch ms) for ``duration_ms`` (the
+    coordinator's ``checkpointDuration``: barriers sent to every acknowledgement in)."""
+
+    start_ms: float
+    duration_ms: float
+
+    @property
+    def end_ms(self) -> float:
+        return self.start_ms + self.duration_ms
+
+
+def read_checkpoints(lines: Iterable[str]) -> list[Checkpoint]:
+    """The completed checkpoints of a Flink log's lines (of its last job, if it holds several), by start."""
+    started: dict[tuple[str, str], float] = {}
+    done: dict[str, list[Checkpoint]] = {}
+    last_job = ""
+    for line in lines:
+        if m := _TRIGGERED.search(line):
+            started[(m.group(3), m.group(1))] = float(m.group(2))
+            last_job = m.group(3)
+        elif (m := _COMPLETED.search(line)) and (m.group(2), m.group(1)) in started:
+            done.setdefault(m.group(2), []).append(
+                Checkpoint(started[(m.group(2), m.group(1))], float(m.group(3))))
+    return sorted(done.get(last_job, []), key=lambda c: c.start_ms)
+
+
+def checkpoint_summary(checkpoints: Sequence[Checkpoint], t_in_ms: np.ndarray, totals_ms: np.ndarray,
+                       *, after_ms: float = 250.0) -> dict[str, float]:
+    """How many records lived (``[t_in, t_in + total]``) through a checkpoint or the ``after_ms``
+    that follow it (the sink's commit runs on its completion): the slowest 1 % against all of them.
+
+    Args:
+        checkpoints: :func:`read_checkpoints`' output.
+        t_in_ms: Each record's input broker time, epoch ms (shape ``(n,)``).
+        totals_ms: Each record's end-to-end time, ms (shape ``(n,)``).
+        after_ms: How long after a checkpoint's end a record still counts as meeting it.
+
+    Returns:
+        ``checkpoints`` within the span, ``duration_ms_max``, ``slow_records`` (the slowest 1 %, at
+        least one), ``slow_records_at_checkpoint``, and ``share_at_checkpoint``: the share of all
+        measured records that met one (the rate a slow record would show by chance).
+    """
+    if t_in_ms.size == 0:
+        return {"checkpoints": 0, "duration_ms_max": 0.0, "slow_records": 0,
+                "slow_records_at_checkpoint": 0, "share_at_checkpoint": float("nan")}
+    lo, hi = float(t_in_ms.min()), float((t_in_ms + totals_ms).max())
+    inside = [c for c in checkpoints if c.end_ms + after_ms >= lo and c.start_ms <= hi]
+    met = np.zeros(t_in_ms.size, dtype=bool)
+    for c in inside:
+        met |= (t_in_ms <= c.end_ms + after_ms) & (t_in_ms + totals_ms >= c.start_ms)
+    n_slow = max(1, round(t_in_ms.size * 0.01))
+    slow = np.argsort(-totals_ms, kind="stable")[:n_slow]
+    return {"checkpoints": len(inside), "duration_ms_max": float(max((c.duration_ms for c in inside),
+                                                                     default=0.0)),
+            "slow_records": n_slow, "slow_records_at_checkpoint": int(met[slow].sum()),
+            "share_at_checkpoint": float(met.mean())}
 
 
 @dataclass(frozen=True)

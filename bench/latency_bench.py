@@ -31,7 +31,8 @@ thread mode, and the job's derived ``--pipeline-depth`` (the parallelism) runs t
 once, each with half the cores' intra-op threads, ``--intra-op-threads 0``), ``-record1p2`` (the
 same with ``--pipeline-depth 1`` and one intra-op thread: the two subtasks' calls take turns on the
 model they share), ``-recordp2t2`` (``-recordp2`` with two intra-op threads per run: a lone call
-gets both cores, two calls oversubscribe them), ``-p2`` (the Arrow operator at ``--parallelism 2``
+gets both cores, two calls oversubscribe them), ``-recordp2c120`` (``-recordp2`` with 120 s
+checkpoints, so none falls in the measured span), ``-p2`` (the Arrow operator at ``--parallelism 2``
 over two input partitions, one intra-op thread), ``-p2d2`` (the same with ``--pipeline-depth 2``:
 two runs at once where the subtasks share a model) or
 ``-ct`` (the output topic keeps the sink producer's ``CreateTime``: the last stage then ends at
@@ -41,6 +42,9 @@ For a stall hunt, ``--series-dir`` keeps each case's per-record columns (the inp
 and each stage, ms) and ``--jvm-log-dir`` has the job's JVM (the MiniCluster runs in PyFlink's gateway
 JVM, which reads ``JVM_ARGS``) log its GC and safepoint pauses with epoch-ms stamps
 (``-Xlog:gc,safepoint``, JDK unified logging), so that a slow record can be lined up with a pause.
+Each case's result also counts how many of its slowest records met a checkpoint (read from the
+job's Flink log, which PyFlink's gateway writes to ``FLINK_LOG_DIR``), against the share of all
+records that did.
 
 Usage::
 
@@ -64,7 +68,7 @@ import numpy as np
 from _job_runner import JobSettings, StreamingJob, command_line
 from _kafka_load import bench_broker, collect_stamps, create_stamped_topics, produce_all, produce_at_rate
 from _kafka_streaming import READY_RECORDS, STARTUP_TIMEOUT_S, _collect, _topics
-from _stalls import pause_summary, read_pause_dir, wait_split
+from _stalls import checkpoint_summary, pause_summary, read_checkpoints, read_pause_dir, wait_split
 
 from pyflink_aisp.kafka import create_topics
 
@@ -79,10 +83,13 @@ VARIANTS: dict[str, tuple[str, ...]] = {
                   "--parallelism", "2"),
     "recordp2": ("--operator", "record", "--intra-op-threads", "0", "--parallelism", "2"),
     "recordp2t2": ("--operator", "record", "--intra-op-threads", "2", "--parallelism", "2"),
+    "recordp2c120": ("--operator", "record", "--intra-op-threads", "0", "--parallelism", "2",
+                     "--checkpoint-interval-ms", "120000"),
     "p2": ("--intra-op-threads", "1", "--parallelism", "2"),
     "p2d2": ("--intra-op-threads", "1", "--parallelism", "2", "--pipeline-depth", "2")}
 #: Input topic partitions of a variant (default 1): a parallel job reads one per source subtask.
-PARTITIONS: dict[str, int] = {"record1p2": 2, "recordp2": 2, "recordp2t2": 2, "p2": 2, "p2d2": 2}
+PARTITIONS: dict[str, int] = {"record1p2": 2, "recordp2": 2, "recordp2t2": 2, "recordp2c120": 2,
+                              "p2": 2, "p2d2": 2}
 STAGES = ("kafka_to_worker", "decode", "inference", "render", "worker_to_kafka", "total")
 
 
@@ -133,6 +140,8 @@ def run_case(bootstrap: str, texts: list[str], settings: JobSettings, *, rate: f
     where the job's JVM logs its safepoints; the result gets their summary (``_stalls``).
     """
     trace_dir = Path(tempfile.mkdtemp(prefix=f"aisp-lat-trace-{tag}-"))
+    flink_logs = log_dir / f"flink-{tag}"  # PyFlink's gateway logs the MiniCluster there
+    os.environ["FLINK_LOG_DIR"] = str(flink_logs)
     settings = dataclasses.replace(settings, extra=(*settings.extra, "--latency-trace-dir", str(trace_dir)))
     in_topic, out_topic = _topics(f"lat-{tag}")
     create_stamped_topics(bootstrap, [in_topic] if create_time else [in_topic, out_topic],
@@ -162,6 +171,9 @@ def run_case(bootstrap: str, texts: list[str], settings: JobSettings, *, rate: f
     split = {"wait_split": wait_split(cols["t_in_ms"], cols["kafka_to_worker"], work, cols["worker"])}
     pauses = {} if jvm_log_dir is None else {"jvm_pauses": pause_summary(
         read_pause_dir(jvm_log_dir), cols["t_in_ms"], cols["kafka_to_worker"], cols["total"])}
+    checkpoints = read_checkpoints(line for log in sorted(flink_logs.glob("*.log"))
+                                   for line in log.read_text(encoding="utf-8", errors="replace").splitlines())
+    split["checkpoints"] = checkpoint_summary(checkpoints, cols["t_in_ms"], cols["total"])
     return {**split, **pauses, "rate_per_s": load.achieved_per_s, "measured": n, "sent": len(load.keys),
             "missing_outputs": sum(1 for k in load.keys if k not in outputs),
             "batch_p50": pct(cols["batch"], 50),
@@ -222,6 +234,16 @@ def pauses_text(results: dict[str, dict[str, Any]]) -> str:
              if (j := r.get("jvm_pauses"))]
     return ("\n\nThe job JVM's safepoints (GC and other VM operations) over each case's measured span:\n\n"
             + "\n".join(lines)) if lines else ""
+
+
+def checkpoints_text(results: dict[str, dict[str, Any]]) -> str:
+    """One line per case: how many of the slowest records met a checkpoint, against all records."""
+    lines = [f"- {name}: {c['checkpoints']} checkpoints (the longest {c['duration_ms_max']:.0f} ms); "
+             f"{c['slow_records_at_checkpoint']} of the {c['slow_records']} slowest records (1 %) met one or "
+             f"its next 250 ms, against {c['share_at_checkpoint']:.0%} of all records"
+             for name, r in results.items() if (c := r.get("checkpoints")) and c["checkpoints"] is not None]
+    return ("\n\nCheckpoints over each case's measured span (trigger to last acknowledgement, from the "
+            "job's CheckpointCoordinator log):\n\n" + "\n".join(lines)) if lines else ""
 
 
 def main() -> int:
@@ -303,12 +325,14 @@ def render(res: dict[str, Any]) -> str:
               f"records/s at batch 32; one call of batch 1 / 4 / 8: {plain.get('batch_1_ms', 0):.1f} / "
               f"{plain.get('batch_4_ms', 0):.1f} / {plain.get('batch_8_ms', 0):.1f} ms (median). Load "
               f"cases at {res.get('load_rate_per_s', 0):.1f} records/s.\n\n"
-              f"`--latency-slo-ms {slo or 'none'}` in every case; 5,000 ms checkpoints, exactly-once sinks, "
+              f"`--latency-slo-ms {slo or 'none'}` in every case; 5,000 ms checkpoints (120,000 for -c120), "
+              "exactly-once sinks, "
               "one partition per topic (two for the -p2 variants, which run at --parallelism 2; their "
               "wait split is per subtask). Each cell: p50 / p99 in ms over the measured records (after "
               "a warm-up), joined by id from the input record's broker time, the Arrow operator's "
               "trace (`--latency-trace-dir`) and the output record's broker time.\n\n"
-              + table(res["cases"]) + waits_text(res["cases"]) + pauses_text(res["cases"])
+              + table(res["cases"]) + waits_text(res["cases"]) + checkpoints_text(res["cases"])
+              + pauses_text(res["cases"])
               + "\n\nCommands:\n\n" + "".join(
                   f"- {name}: `{r.get('command', '')}`\n" for name, r in res["cases"].items()))
 

@@ -93,3 +93,40 @@ def test_with_two_workers_a_record_queues_only_behind_its_own_workers_calls(stal
     # read as one worker, c would have queued behind a
     one = stalls.wait_split(t_in, waits, work)
     assert one["busy_share"] > 1.0 or one["queued_p99_ms"] > got["queued_p99_ms"]
+
+
+CHECKPOINT_LINES = [  # Flink 2.3's CheckpointCoordinator, two jobs in one log: only the last one counts
+    "2026-12-06 22:34:20,641 INFO  org.apache.flink.runtime.checkpoint.CheckpointCoordinator    [] - "
+    "Triggering checkpoint 1 (type=CheckpointType{name='Checkpoint', sharingFilesStrategy=FORWARD_BACKWARD}) "
+    "@ 999000 for job 0aaa.",
+    "2026-12-06 22:34:20,834 INFO  org.apache.flink.runtime.checkpoint.CheckpointCoordinator    [] - "
+    "Completed checkpoint 1 for job 0aaa (3419 bytes, checkpointDuration=50 ms, finalizationTime=4 ms).",
+    "... Triggering checkpoint 1 (type=CheckpointType{name='Checkpoint'}) @ 1000000 for job 5fcd.",
+    "... Completed checkpoint 1 for job 5fcd (3419 bytes, checkpointDuration=204 ms, finalizationTime=4 ms).",
+    "... Triggering checkpoint 2 (type=CheckpointType{name='Checkpoint'}) @ 1001000 for job 5fcd.",
+    "... Completed checkpoint 2 for job 5fcd (3855 bytes, checkpointDuration=44 ms, finalizationTime=11 ms).",
+    # never completed
+    "... Triggering checkpoint 3 (type=CheckpointType{name='Checkpoint'}) @ 1001500 for job 5fcd.",
+]
+
+
+def test_checkpoints_are_read_from_the_coordinators_lines_of_the_last_job(stalls) -> None:
+    got = stalls.read_checkpoints(CHECKPOINT_LINES)
+    assert [(c.start_ms, c.duration_ms, c.end_ms) for c in got] == [(1000000.0, 204.0, 1000204.0),
+                                                                      (1001000.0, 44.0, 1001044.0)]
+    assert stalls.read_checkpoints(["no checkpoint here"]) == []
+
+
+def test_slow_records_that_met_a_checkpoint_are_counted_against_the_share_of_all(stalls) -> None:
+    checkpoints = stalls.read_checkpoints(CHECKPOINT_LINES)
+    n = 200  # one record every 10 ms from 999,000 ms, each 10 ms end to end
+    t_in = 999000.0 + 10.0 * np.arange(n)
+    totals = np.full(n, 10.0)
+    totals[110] = 80.0  # t_in 1,000,100: inside the first checkpoint
+    totals[180] = 90.0  # t_in 1,000,800: 244 ms before the second, 550 ms after the first's end
+    got = stalls.checkpoint_summary(checkpoints, t_in, totals)
+    # records meeting one: t_in in [999,990, 1,000,454] (47) and [1,000,990, 1,001,294] (the last: 1) of 200
+    assert got == {"checkpoints": 2, "duration_ms_max": 204.0, "slow_records": 2,
+                   "slow_records_at_checkpoint": 1, "share_at_checkpoint": pytest.approx(48 / 200)}
+    empty = np.array([])
+    assert stalls.checkpoint_summary(checkpoints, empty, empty)["slow_records"] == 0
