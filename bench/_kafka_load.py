@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 __all__ = [
     "LoadResult",
@@ -197,8 +198,22 @@ def collect_stamps(
     return stamps
 
 
+#: A topic just made: its partitions' leaders are not known everywhere yet.
+_NOT_READY = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+              KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
+def _retriable(exc: BaseException) -> bool:
+    """A Kafka error that librdkafka flags retriable, or a topic whose leaders are not known yet."""
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(error, KafkaError) and (error.retriable() or error.code() in _NOT_READY)
+
+
+@retry(retry=retry_if_exception(_retriable), stop=stop_after_delay(30), wait=wait_exponential(0.1, max=2),
+       reraise=True)
 def end_offset(bootstrap: str, topic: str) -> int:
-    """Sum of the partitions' high watermarks (read_uncommitted end; transaction markers count)."""
+    """Sum of the partitions' high watermarks (read_uncommitted end; transaction markers count).
+    Retriable Kafka errors are retried for up to 30 s."""
     # librdkafka's default read_committed would return the last stable offset: open transactions hidden
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"aisp-bench-{time.monotonic_ns()}",
                          "isolation.level": "read_uncommitted"})
