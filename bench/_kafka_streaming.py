@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from _kafka_load import (
     produce_at_rate,
 )
 
-__all__ = ["latency_run", "throughput_run"]
+__all__ = ["latency_run", "steady_rate", "throughput_run"]
 
 #: Records written and awaited before a load phase: the job is up and its model loaded.
 READY_RECORDS = 20
@@ -80,10 +81,24 @@ def _run_preloaded(bootstrap: str, texts: list[str], settings: JobSettings, log_
     return out, started_ms, job.stop_s
 
 
+def steady_rate(output_ms: Iterable[float], started_ms: float, after_s: float) -> float:
+    """Records/s of the outputs appended from ``after_s`` after ``started_ms`` (epoch ms) to the last
+    of them, over that span; 0.0 where the last came less than ``2 * after_s`` after the start."""
+    times = list(output_ms)
+    last = max(times, default=started_ms)
+    since = started_ms + after_s * 1000.0
+    if last - started_ms < 2 * after_s * 1000.0:
+        return 0.0
+    return sum(1 for t in times if t >= since) / ((last - since) / 1000.0)
+
+
 def throughput_run(bootstrap: str, texts: list[str], settings: JobSettings, *, log_dir: Path,
-                   tag: str, probe: int = 64, partitions: int = 1) -> dict[str, Any]:
+                   tag: str, probe: int = 64, partitions: int = 1,
+                   steady_after_s: float = 60.0) -> dict[str, Any]:
     """(e): preload all texts into a topic of ``partitions`` partitions, run the job until every
     output arrived; before it, a probe run over the first ``probe`` texts measures start-up alone.
+    ``steady_after_s``: also the rate of the outputs from that long after the process start on
+    (the JVMs' JIT compilers are busy for about a minute), where the run lasts at least twice that.
 
     Returns:
         ``records_per_s`` (outputs / (last output - process start - the probe's
@@ -91,7 +106,9 @@ def throughput_run(bootstrap: str, texts: list[str], settings: JobSettings, *, l
         outputs leave the Python worker in bursts, one per bundle, so the spacing
         of output times alone would mislead), ``probe_startup_s``,
         ``startup_s`` (process start to first output), ``span_s``, ``rows``,
-        ``wall_s`` (process start to last output), ``started_ms`` (the process start, epoch ms).
+        ``wall_s`` (process start to last output), ``started_ms`` (the process start, epoch ms),
+        ``steady_records_per_s`` (outputs appended from ``steady_after_s`` after the process start to
+        the last, over that span; 0.0 for a shorter run) and ``steady_after_s``.
 
     Raises:
         RuntimeError: the job exited or produced no output in time.
@@ -106,6 +123,8 @@ def throughput_run(bootstrap: str, texts: list[str], settings: JobSettings, *, l
     first, last = min(out.values()), max(out.values())
     span_s = (last - started_ms) / 1000.0 - probe_s
     result = {"records_per_s": len(out) / span_s if span_s > 0 else 0.0, "rows": len(out),
+              "steady_records_per_s": steady_rate(out.values(), started_ms, steady_after_s),
+              "steady_after_s": steady_after_s,
               "probe_startup_s": probe_s,
               "expected": len(texts), "span_s": span_s, "startup_s": (first - started_ms) / 1000.0,
               "wall_s": (last - started_ms) / 1000.0, "slo_ms": settings.latency_slo_ms,

@@ -17,7 +17,8 @@ Not a test. Issue 24's diagnosis bench, side by side in one run on one machine
   local job's subtasks share one model, so two runs go at once), where no op
   waits for a second thread; each job's records/s is the inference bench's (e)
   (a start-up probe, then every text; start-up taken out);
-- **per-thread CPU** over each job's steady phase (first to last output),
+- **per-thread CPU** over each job's steady phase (the last nine tenths from
+  its first output to its last),
   grouped by process role (broker JVM, Flink JVM, Python worker, job client,
   bench) and thread name, as CPU-ms per record, beside the plain loop's own
   CPU-ms per record (``time.process_time``);
@@ -27,8 +28,7 @@ Not a test. Issue 24's diagnosis bench, side by side in one run on one machine
   the bench's own (``FLINK_CONF_DIR``), so its share of the end-to-end time is
   read off side by side.
 
-Thread names come from ``/proc/<pid>/task/<tid>/comm`` (psutil gives thread
-CPU times, not names). Run::
+Per-thread CPU comes from ``_cpu.Sampler`` (thread names from ``/proc``). Run::
 
     .venv/bin/python bench/colocation_bench.py [--reviews 4000] [--latency] [--out bench/colocation.json]
         [--report bench/COLOCATION.md]   # --render: the report from --out alone
@@ -40,7 +40,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -52,83 +51,11 @@ from typing import Any
 
 import _report
 import psutil
+from _cpu import Sampler, jit_share
 from _job_runner import JobSettings
 from _kafka_streaming import latency_run, throughput_run
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _role(proc: psutil.Process) -> str:
-    try:
-        cmd = " ".join(proc.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return "gone"
-    if "java" in cmd and "kafka" in cmd.lower() and "flink" not in cmd.lower():
-        return "broker JVM"
-    if "java" in cmd:
-        return "Flink JVM"
-    with contextlib.suppress(psutil.Error):
-        parent = proc.parent()
-        if "python" in cmd and parent is not None and parent.name() == "java":
-            return "Python worker"  # started by the TaskManager (MiniCluster: the job client's JVM)
-    if "review_sentiment.py" in cmd:
-        return "job client + Python worker"  # a local (MiniCluster) job runs its UDFs in loopback mode
-    if proc.pid == os.getpid():
-        return "bench"
-    return "other"
-
-
-def _thread_name(pid: int, tid: int) -> str:
-    try:
-        name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-    except OSError:
-        return "?"
-    return re.sub(r"[-_ ]?\d+$", "", name) or name  # "C2 CompilerThre0" -> one group per kind
-
-
-def cpu_snapshot() -> dict[tuple[str, str], float]:
-    """CPU seconds (user + system) per (process role, thread name), all processes."""
-    out: dict[tuple[str, str], float] = defaultdict(float)
-    for proc in psutil.process_iter():
-        try:
-            role = _role(proc)
-            for t in proc.threads():
-                out[(role, _thread_name(proc.pid, t.id))] += t.user_time + t.system_time
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return out
-
-
-class Sampler:
-    """Snapshots every ``period_s`` in a thread; :meth:`between` diffs the two nearest a window."""
-
-    def __init__(self, period_s: float = 1.0) -> None:
-        self.period_s = period_s
-        self.samples: list[tuple[float, dict[tuple[str, str], float]]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append((time.time(), cpu_snapshot()))
-            self._stop.wait(self.period_s)
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def between(self, start_s: float, end_s: float) -> tuple[float, dict[tuple[str, str], float]]:
-        """Wall seconds and CPU seconds per key between the first sample at or after ``start_s``
-        and the last at or before ``end_s``."""
-        inside = [s for s in self.samples if start_s <= s[0] <= end_s]
-        if len(inside) < 2:
-            return 0.0, {}
-        (t0, a), (t1, b) = inside[0], inside[-1]
-        return t1 - t0, {k: b[k] - a.get(k, 0.0) for k in b if b[k] - a.get(k, 0.0) > 0.005}
 
 
 def plain_alone(assets: Any, texts: list[str], threads: int, batch_size: int) -> dict[str, float]:
@@ -172,22 +99,28 @@ def reniced_jvms(nice: int) -> Iterator[None]:
 def job_run(bootstrap: str, texts: list[str], settings: JobSettings, log_dir: Path, tag: str,
             renice: int | None = None, partitions: int = 1) -> dict[str, Any]:
     """One preloaded job run under the sampler (:func:`throughput_run`: a start-up probe, then all
-    texts): its records/s with start-up taken out, as the inference bench's (e), and the CPU per
-    record over the steady phase (the last nine tenths of first output → last output)."""
+    texts): its records/s with start-up taken out, as the inference bench's (e); where the run
+    lasts two minutes or more, also its rate from a minute after its start on (``steady``: the JVMs'
+    JIT compilers are done by then). CPU per record over the steady phase: from that minute on, or
+    for a shorter run the last nine tenths of first output → last output."""
     with Sampler() as sampler, (reniced_jvms(renice) if renice is not None else contextlib.nullcontext()):
         run = throughput_run(bootstrap, texts, settings, log_dir=log_dir, tag=tag, partitions=partitions)
     start_s = run["started_ms"] / 1000
     first, last = start_s + run["startup_s"], start_s + run["wall_s"]
-    wall, cpu = sampler.between(first + (last - first) / 10, last)
+    steady = run["steady_records_per_s"]
+    wall, cpu = sampler.between(start_s + run["steady_after_s"] if steady else first + (last - first) / 10,
+                                last)
     by_role: dict[str, float] = defaultdict(float)
     for (role, _), sec in cpu.items():
         by_role[role] += sec
-    rate = run["records_per_s"]
+    rate = steady or run["records_per_s"]
     records = rate * wall if wall else 0.0
     top = sorted(cpu.items(), key=lambda kv: -kv[1])[:14]
     per_role = {r: 1000 * s / records for r, s in by_role.items()} if records else {}
     per_thread = [[r, t, 1000 * s / records] for (r, t), s in top] if records else []
-    return {"records_per_s": rate, "outputs": run["rows"], "partitions": partitions,
+    return {"records_per_s": run["records_per_s"], "steady_records_per_s": steady,
+            "steady_after_s": run["steady_after_s"], "jit_cores": jit_share(cpu, wall),
+            "outputs": run["rows"], "partitions": partitions,
             "records_per_s_first_to_last": (run["rows"] - 1) / (last - first) if last > first else 0.0,
             "first_output_s": run["startup_s"], "probe_startup_s": run["probe_startup_s"],
             "window_s": wall, "cores_busy": sum(cpu.values()) / wall if wall else 0.0,
@@ -222,12 +155,12 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...], int | None]] = {
 PARTITIONS: dict[str, int] = {"p2-t1": 2, "p2-t1-d2": 2}
 
 
-def _by_variant(res: dict[str, Any]) -> dict[str, list[float]]:
+def _by_variant(res: dict[str, Any], key: str = "records_per_s") -> dict[str, list[float]]:
     base = (res["plain_before"]["records_per_s"] + res["plain_after"]["records_per_s"]) / 2
     out: dict[str, list[float]] = defaultdict(list)
     for name, r in res["jobs"].items():
-        if "records_per_s" in r:
-            out[name.rsplit(" #", 1)[0]].append(round(r["records_per_s"] / base, 3))
+        if r.get(key):
+            out[name.rsplit(" #", 1)[0]].append(round(r[key] / base, 3))
     return dict(out)
 
 
@@ -243,25 +176,34 @@ def render(res: dict[str, Any]) -> str:
              f"jobs and {after['records_per_s']:.1f} after, mean {base:.1f}; its CPU "
              f"{before['cpu_ms_per_record']:.2f} / {after['cpu_ms_per_record']:.2f} ms per record. The idle "
              f"bench broker kept {res.get('idle_broker_cores', 0.0):.2f} cores busy.", "",
-             "Each job: records/s as the inference bench's (e) (start-up probe taken out), and CPU ms per "
-             "record over its steady phase by process role (`bench` is the consumer that collects the "
-             "outputs; `other`, the rest of the machine: kernel workers and the like).", "",
-             "| job | records/s | vs plain alone | cores busy | " + " | ".join(roles) + " |",
-             "|---|---|---|---|" + "---|" * len(roles)]
+             f"Each job streams the reviews {res.get('repeat', 1)} time(s) over: records/s as the inference "
+             "bench's (e) (start-up probe taken out); for a run of two minutes or more also from a minute "
+             "after the job's start to its last output (steady: the JVMs' JIT compilers are done by then); "
+             "the JVMs' JIT compiler threads and the CPU ms per record by process role over the steady "
+             "phase (that minute on, else the last nine tenths; `bench` is the consumer that collects "
+             "the outputs; `other`, the rest of the machine: kernel workers and the like).", "",
+             "| job | records/s (e) | vs plain alone | steady records/s | vs plain alone | cores busy | "
+             "JIT cores | " + " | ".join(roles) + " |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(roles)]
     for name, j in res["jobs"].items():
         if "records_per_s" not in j:
             lines.append(f"| {name} | {j.get('error', 'no result')} |")
             continue
         by_role = j.get("cpu_ms_per_record_by_role", {})
+        steady = j.get("steady_records_per_s") or 0.0
+        steady_cells = f"{steady:.1f} | {steady / base:.3f}x" if steady else "- | -"
+        jit_cells = f"{sum(j['jit_cores'].values()):.2f}" if "jit_cores" in j else "-"
         lines.append(f"| {name} | {j['records_per_s']:.1f} | {j['records_per_s'] / base:.3f}x | "
-                     f"{j['cores_busy']:.2f} | " + " | ".join(f"{by_role.get(r, 0.0):.2f}" for r in roles)
-                     + " |")
+                     f"{steady_cells} | {j['cores_busy']:.2f} | {jit_cells} | "
+                     + " | ".join(f"{by_role.get(r, 0.0):.2f}" for r in roles) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reviews", type=int, default=4000)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="the jobs stream the reviews this many times over (2 min or more: a steady rate)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--latency", action="store_true", help="also the latency runs")
@@ -288,7 +230,8 @@ def main() -> int:
 
     assets = ensure_model_assets()
     texts = [r.text for r in load_rotten_tomatoes()][: a.reviews]
-    res: dict[str, Any] = {"machine": _report.machine(), "reviews": len(texts), "threads": a.threads,
+    res: dict[str, Any] = {"machine": _report.machine(), "reviews": len(texts), "repeat": a.repeat,
+                           "threads": a.threads,
                            "plain_batch_size": a.batch_size, "jobs": {}, "latency": {}}
     print(json.dumps(res["machine"]), flush=True)
 
@@ -314,8 +257,8 @@ def main() -> int:
             name = f"{name} #{sum(k.rsplit(' #', 1)[0] == name for k in res['jobs']) + 1}"
             print(f"[job {name}] ...", flush=True)
             try:
-                r = job_run(bootstrap, texts, settings(*extra), log_dir, f"co-{len(res['jobs'])}", renice,
-                            PARTITIONS.get(variant, 1))
+                r = job_run(bootstrap, texts * a.repeat, settings(*extra), log_dir,
+                            f"co-{len(res['jobs'])}", renice, PARTITIONS.get(variant, 1))
             except Exception as exc:  # report and go on
                 r = {"error": f"{type(exc).__name__}: {exc}"}
             res["jobs"][name] = r
@@ -354,6 +297,7 @@ def main() -> int:
     res["plain_after"] = plain_alone(assets, texts, a.threads, a.batch_size)
     print(f"[plain alone, after] {res['plain_after']}", flush=True)
     res["ratios_to_plain_alone_by_variant"] = _by_variant(res)
+    res["steady_ratios_to_plain_alone_by_variant"] = _by_variant(res, "steady_records_per_s")
     base = (res["plain_before"]["records_per_s"] + res["plain_after"]["records_per_s"]) / 2
     for r in res["jobs"].values():
         if "records_per_s" in r:

@@ -13,7 +13,9 @@ fixed rate, and joins per record, by id:
 Stages: **kafka → worker** (source fetch, the JVM's Arrow batch forming, the hop to the Python
 worker), **decode**, **inference** (batcher queue and model), **render**, **worker → kafka**
 (waiting for the bundle end, the hop back, the sink and its producer, the broker append).
-Each stage's p50 / p99 over the measured records (after a warm-up) and the totals go to
+Each stage's p50 / p99 over the measured records (after a warm-up: ``--warmup-seconds`` of load,
+60 by default, as the JVMs' JIT compilers take a tenth of a core or more in a job's first minute;
+10 s for a trickle) and the totals go to
 ``--out`` (JSON) and to stdout as a markdown table.
 
 Cases (``--cases``, comma-separated names): ``trickle`` (1 record/s), ``load`` (``--rate``
@@ -39,9 +41,11 @@ two runs at once where the subtasks share a model) or
 the sink's ``send()``, and the difference to the plain case is the producer and the broker).
 
 For a stall hunt, ``--series-dir`` keeps each case's per-record columns (the input's broker time
-and each stage, ms) and ``--jvm-log-dir`` has the job's JVM (the MiniCluster runs in PyFlink's gateway
-JVM, which reads ``JVM_ARGS``) log its GC and safepoint pauses with epoch-ms stamps
-(``-Xlog:gc,safepoint``, JDK unified logging), so that a slow record can be lined up with a pause.
+and each stage, ms) and its per-second CPU seconds by process role and of the JVMs' JIT compiler
+threads (``<case>-cpu.json``; ``bench/jit_windows.py`` lines the two up in windows), and
+``--jvm-log-dir`` has the job's JVM (the MiniCluster runs in PyFlink's gateway JVM, which reads
+``JVM_ARGS``) log its GC and safepoint pauses with epoch-ms stamps (``-Xlog:gc,safepoint``, JDK
+unified logging), so that a slow record can be lined up with a pause.
 Each case's result also counts how many of its slowest records met a checkpoint (read from the
 job's Flink log, which PyFlink's gateway writes to ``FLINK_LOG_DIR``), against the share of all
 records that did.
@@ -65,6 +69,7 @@ from typing import Any
 
 import _report
 import numpy as np
+from _cpu import Sampler, jit_series, jit_share
 from _job_runner import JobSettings, StreamingJob, command_line
 from _kafka_load import bench_broker, collect_stamps, create_stamped_topics, produce_all, produce_at_rate
 from _kafka_streaming import READY_RECORDS, STARTUP_TIMEOUT_S, _collect, _topics
@@ -153,16 +158,27 @@ def run_case(bootstrap: str, texts: list[str], settings: JobSettings, *, rate: f
         produce_all(bootstrap, in_topic, ready)
         if len(_collect(job, bootstrap, out_topic, READY_RECORDS, STARTUP_TIMEOUT_S)) < READY_RECORDS:
             raise RuntimeError(f"the job did not answer within {STARTUP_TIMEOUT_S:.0f} s:\n{job.log_tail()}")
-        load = produce_at_rate(bootstrap, in_topic, texts, rate_per_s=rate, seconds=seconds, key_prefix="L")
+        with Sampler(period_s=1.0) as sampler:  # the JVMs' JIT compiler threads, warm-up against measured
+            load = produce_at_rate(bootstrap, in_topic, texts, rate_per_s=rate, seconds=seconds,
+                                   key_prefix="L")
         want = READY_RECORDS + len(load.keys)
         outputs = _collect(job, bootstrap, out_topic, want, 60.0)
     inputs = collect_stamps(bootstrap, in_topic, want=want, timeout_s=30.0)
     trace = read_trace(trace_dir)
     cols = stages(inputs, outputs, trace, load.keys, (load.start_s + warmup_s) * 1000.0)
+    since_ms = (load.start_s + warmup_s) * 1000.0  # the warm-up's own end-to-end times, for the record
+    spans = {"warmup": (load.start_s, load.start_s + warmup_s),
+             "measured": (load.start_s + warmup_s, load.start_s + load.seconds)}
+    jit = {span: jit_share(cpu, wall) for span, (lo, hi) in spans.items()
+           for wall, cpu in [sampler.between(lo, hi)]}
+    warm = np.asarray([outputs[k] - inputs[k] for k in load.keys
+                       if k in outputs and k in inputs and inputs[k] < since_ms], dtype=np.float64)
     shutil.rmtree(trace_dir, ignore_errors=True)
     n = int(cols["total"].size)
     if series is not None:
         series.write_text(json.dumps({k: v.tolist() for k, v in cols.items()}), encoding="utf-8")
+        series.with_name(f"{series.stem}-cpu.json").write_text(json.dumps(jit_series(sampler.samples)),
+                                                               encoding="utf-8")
 
     def pct(a: np.ndarray, q: float) -> float:
         return float(np.percentile(a, q)) if a.size else float("nan")
@@ -176,7 +192,8 @@ def run_case(bootstrap: str, texts: list[str], settings: JobSettings, *, rate: f
     split["checkpoints"] = checkpoint_summary(checkpoints, cols["t_in_ms"], cols["total"])
     return {**split, **pauses, "rate_per_s": load.achieved_per_s, "measured": n, "sent": len(load.keys),
             "missing_outputs": sum(1 for k in load.keys if k not in outputs),
-            "batch_p50": pct(cols["batch"], 50),
+            "batch_p50": pct(cols["batch"], 50), "warmup_s": warmup_s, "jit_cores": jit,
+            "warmup_total": {"p50_ms": pct(warm, 50), "p99_ms": pct(warm, 99), "records": int(warm.size)},
             "stages": {s: {"p50_ms": pct(cols[s], 50), "p99_ms": pct(cols[s], 99), "mean_ms":
                            float(cols[s].mean()) if n else float("nan")} for s in STAGES},
             "command": command_line(settings, (in_topic, out_topic))}
@@ -214,6 +231,21 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         cells = [f"{r['stages'][s]['p50_ms']:.1f} / {r['stages'][s]['p99_ms']:.1f}" for s in STAGES]
         lines.append(f"| {name} | {r['rate_per_s']:.1f} | {r['measured']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def warmup_text(results: dict[str, dict[str, Any]]) -> str:
+    """One line per case: end-to-end p50 / p99 of its warm-up records (before the measured span), and
+    the cores the JVMs' JIT compiler threads kept busy in each span."""
+    def jit(r: dict[str, Any], span: str) -> str:
+        cores = r.get("jit_cores", {}).get(span, {})
+        return ", ".join(f"{role} {c:.2f}" for role, c in sorted(cores.items())) or "none seen"
+
+    lines = [f"- {name}: {w['records']} records in its first {r['warmup_s']:g} s, {w['p50_ms']:.1f} / "
+             f"{w['p99_ms']:.1f} ms; JIT compiler threads (cores busy) {jit(r, 'warmup')} in the warm-up, "
+             f"{jit(r, 'measured')} in the measured span"
+             for name, r in results.items() if (w := r.get("warmup_total"))]
+    return ("\n\nThe warm-up, end to end (p50 / p99), not in the table:\n\n" + "\n".join(lines)
+            if lines else "")
 
 
 def waits_text(results: dict[str, dict[str, Any]]) -> str:
@@ -254,7 +286,10 @@ def main() -> int:
     p.add_argument("--load-share", type=float, default=0.3)
     p.add_argument("--slo-ms", type=float, default=100.0, help="--latency-slo-ms of every case (0: none)")
     p.add_argument("--trickle-seconds", type=float, default=60.0)
-    p.add_argument("--load-seconds", type=float, default=30.0)
+    p.add_argument("--load-seconds", type=float, default=30.0, help="measured span of a load case")
+    p.add_argument("--warmup-seconds", type=float, default=60.0,
+                   help="load before the measured span of a load case: the JVMs' JIT compilers (the job's "
+                        "and the broker's C2) take a tenth of a core or more in a job's first minute")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--job-args", default="", help="more job flags for every case, space-separated")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "latency_results.json")
@@ -286,11 +321,14 @@ def main() -> int:
     print(f"[plain loop, machine to itself] {res['plain_before']}", flush=True)
     load_rate = a.rate or round(a.load_share * res["plain_before"]["records_per_s"], 1)
     res["load_rate_per_s"] = load_rate
+    res["warmup_s"] = a.warmup_seconds
     log_dir = Path(tempfile.mkdtemp(prefix="aisp-lat-logs-"))
     with bench_broker() as bootstrap:
         for i, name in enumerate(a.cases.split(",")):
             base, _, variant = name.partition("-")
-            rate, seconds = (1.0, a.trickle_seconds) if base == "trickle" else (load_rate, a.load_seconds)
+            rate, seconds, warmup = ((1.0, a.trickle_seconds, min(10.0, a.trickle_seconds / 3))
+                                     if base == "trickle" else
+                                     (load_rate, a.warmup_seconds + a.load_seconds, a.warmup_seconds))
             extra = tuple(a.job_args.split()) + VARIANTS[variant]
             settings = JobSettings(bootstrap=bootstrap, model_dir=assets.directory,
                                    intra_op_threads=a.threads, checkpoint_interval_ms=5000,
@@ -299,7 +337,7 @@ def main() -> int:
             started = time.monotonic()
             try:
                 r = run_case(bootstrap, texts, settings, rate=rate, seconds=seconds,
-                             warmup_s=min(10.0, seconds / 3), log_dir=log_dir, tag=f"{i}-{name}",
+                             warmup_s=warmup, log_dir=log_dir, tag=f"{i}-{name}",
                              create_time=variant == "ct",
                              series=a.series_dir / f"{i}-{name}.json" if a.series_dir else None,
                              jvm_log_dir=a.jvm_log_dir, partitions=PARTITIONS.get(variant, 1))
@@ -329,9 +367,12 @@ def render(res: dict[str, Any]) -> str:
               "exactly-once sinks, "
               "one partition per topic (two for the -p2 variants, which run at --parallelism 2; their "
               "wait split is per subtask). Each cell: p50 / p99 in ms over the measured records (after "
-              "a warm-up), joined by id from the input record's broker time, the Arrow operator's "
+              f"{res.get('warmup_s', 10):g} s of load for the load cases, 10 s for a trickle: the JVMs' JIT "
+              "compilers run for about a minute after a job starts), joined by id from the input "
+              "record's broker time, the Arrow operator's "
               "trace (`--latency-trace-dir`) and the output record's broker time.\n\n"
-              + table(res["cases"]) + waits_text(res["cases"]) + checkpoints_text(res["cases"])
+              + table(res["cases"]) + warmup_text(res["cases"]) + waits_text(res["cases"])
+              + checkpoints_text(res["cases"])
               + pauses_text(res["cases"])
               + "\n\nCommands:\n\n" + "".join(
                   f"- {name}: `{r.get('command', '')}`\n" for name, r in res["cases"].items()))
