@@ -103,17 +103,17 @@ def remote_handler(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
         "ca_file": options.remote_ca_file, "request_timeout_s": options.remote_request_timeout_s,
         "deadline_s": options.remote_deadline_s, "concurrency": concurrency}
     api, rows = options.remote_api, options.remote_rows_per_request
-    if api is RemoteApi.V2:
-        # a job without --feature-fields reads each record's text; a registry entry (task predict) vectors
-        texts = hasattr(options, "feature_fields") and not options.feature_fields
-        return V2PredictorHandler(version=options.remote_model_version, rows_per_request=rows, texts=texts,
-                                  **endpoint)
     if options.remote_call_log is not None:
         servers = options.remote_call_log_servers or getattr(options, "servers", None)
         if servers is None:
             raise ConfigError("--remote-call-log needs --remote-call-log-servers here (a SQL function's "
                               "registry entry has no job bootstrap servers)")
         endpoint["call_log"] = CallLogConfig(topic=options.remote_call_log, bootstrap_servers=servers)
+    if api is RemoteApi.V2:
+        # a job without --feature-fields reads each record's text; a registry entry (task predict) vectors
+        texts = hasattr(options, "feature_fields") and not options.feature_fields
+        return V2PredictorHandler(version=options.remote_model_version, rows_per_request=rows, texts=texts,
+                                  **endpoint)
     if api is RemoteApi.OPENAI_EMBEDDINGS:
         return OpenAIEmbeddingHandler(rows_per_request=rows, **endpoint)
     # a job's --prompt-fields (their placeholder names); a SQL function's options have none

@@ -92,7 +92,7 @@ class RemoteOptions:
         minimum=0.001)
     remote_request_timeout_s: float = opt(10.0, M, 'Longest one attempt may take.', unit='s',
         job_param='aisp.remote.request-timeout-s', minimum=0.001)
-    remote_call_log: str | None = opt(None, M, 'OpenAI APIs: a Kafka topic that keeps each answer (created '
+    remote_call_log: str | None = opt(None, M, 'A Kafka topic that keeps each remote answer (created '
         'compacted when missing), so that records replayed after a failover are answered from it instead '
         'of the server, and a record that failed for good or ran out of --remote-deadline-s is not '
         'retried after a restart.', job_param='aisp.remote.call-log', nullable=True)
@@ -237,9 +237,6 @@ class RemoteOptions:
         if self.remote_max_tokens_per_min is not None and self.remote_api is RemoteApi.V2:
             raise ConfigError("--remote-max-tokens-per-min is for the OpenAI APIs (V2 answers report no "
                               "tokens); limit a V2 server with --remote-max-requests-per-s")
-        if self.remote_call_log is not None and self.remote_api is RemoteApi.V2:
-            raise ConfigError("--remote-call-log is for the OpenAI APIs (a V2 numeric model is cheap to "
-                              "call again)")
         if self.remote_call_log_servers is not None and self.remote_call_log is None:
             raise ConfigError("--remote-call-log-servers applies to --remote-call-log only")
         if self.remote_call_log is not None:

@@ -17,7 +17,7 @@ import pytest
 from pyflink_aisp.chaos import FaultProxy, Faults
 from pyflink_aisp.errors import RemoteError, RemoteTimeoutError
 from pyflink_aisp.inference.handlers import OnnxPredictorHandler
-from pyflink_aisp.inference.handlers.remote import LimiterConfig, V2PredictorHandler
+from pyflink_aisp.inference.handlers.remote import CallLogConfig, LimiterConfig, V2PredictorHandler
 from pyflink_aisp.kafka import create_topics, ingest_records, read_topic
 from pyflink_aisp.pipeline import PipelineOptions
 from pyflink_aisp.pipeline.flink import build_pipeline, make_environment
@@ -123,3 +123,19 @@ def test_the_job_through_a_rate_limiting_proxy_writes_every_record_once(
         _same(docs[f"t{i}"], local[i])
     assert proxy.counts[(INFER, "rate_limited")] > 0
     assert proxy.counts[(INFER, "forwarded")] >= math.ceil(n / 16)
+
+
+def test_a_restarted_worker_with_a_call_log_sends_the_server_only_the_rows_it_has_not_answered(
+        run_handler, v2_server, embeddings, local, kafka_bootstrap):
+    log = CallLogConfig(topic="v2-calls-it", bootstrap_servers=kafka_bootstrap)
+    with FaultProxy(v2_server[0]) as proxy:
+        handler = V2PredictorHandler(url=proxy.url, model="intent_head", rows_per_request=16, call_log=log)
+        first, _ = run_handler(handler, embeddings[:100], batch=100)
+        assert proxy.requests(INFER) == math.ceil(100 / 16)
+        again, session = run_handler(handler, embeddings[:120], batch=120)  # a new worker: a restart
+        assert proxy.requests(INFER) == math.ceil(100 / 16) + math.ceil(20 / 16), "only the 20 new rows"
+        assert session.stats.requests == math.ceil(20 / 16)
+    for got, want in zip(again, local[:120], strict=True):
+        _same(got, want)
+    for got, was in zip(again[:100], first, strict=True):
+        np.testing.assert_array_equal(got["probabilities"], was["probabilities"])

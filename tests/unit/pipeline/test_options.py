@@ -305,8 +305,6 @@ def test_the_generation_job_parameters_round_trip() -> None:
     ({"remote_url": "http://h", "remote_model": "m", "remote_max_tokens_per_min": 1000.0},
      "--remote-max-tokens-per-min is for the OpenAI APIs"),
     ({"remote_max_requests_per_s": 5.0}, "--remote-max-requests-per-s apply to --remote-url only"),
-    ({"remote_url": "http://h", "remote_model": "m", "remote_call_log": "calls"},
-     "--remote-call-log is for the OpenAI APIs"),
     ({"remote_url": "http://h", "remote_model": "m", "remote_api": "openai-chat",
       "remote_call_log_servers": "k:9092"}, "--remote-call-log-servers applies to --remote-call-log only"),
     ({"remote_url": "http://h", "remote_model": "m", "remote_api": "openai-chat", "remote_call_log": "a b"},

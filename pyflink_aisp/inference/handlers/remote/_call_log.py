@@ -7,7 +7,8 @@ is a Kafka topic beside the job's own topics, so it survives the loss of any Tas
 read by whichever worker replays the record:
 
 - **key**: the sha256 (hex) of the model's identity and one record's request as it would be
-  sent (model name, API path, prompt or input, sampling parameters, JSON schema), prefixed by
+  sent (model name, API path, prompt or input, sampling parameters, JSON schema; for a V2 row,
+  the input tensor's name and datatype, the row's data and the outputs asked for), prefixed by
   16 hex digits of the identity alone; a worker keeps only the entries of its own model. The
   key is the content, not the record's offset: the SQL functions do not see offsets, and two
   records with one input share one call (the answer of a deterministic request, or the first
@@ -34,16 +35,23 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from pyflink_aisp.errors import ConfigError, ModelError
+from pyflink_aisp.errors import (
+    ConfigError,
+    InvalidModelOutputError,
+    ModelError,
+    PromptTooLongError,
+    RemoteError,
+    RemoteTimeoutError,
+)
 
-__all__ = ["CallLog", "CallLogConfig", "call_key"]
+__all__ = ["CallLog", "CallLogConfig", "answer_with_log", "call_key"]
 
 #: ``retention.ms`` of a topic the log creates: Kafka's default ``log.retention.hours`` (168).
 RETENTION_MS = 7 * 24 * 3600 * 1000
@@ -243,3 +251,83 @@ class CallLog:
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.flush(5.0)
+
+
+def _entry(result: Any, encode: Callable[[Any], Any]) -> dict[str, Any]:
+    """The log entry of one fresh result (a prediction, or the error returned in its place)."""
+    at = time.time()
+    if isinstance(result, InvalidModelOutputError):
+        return {"kind": "invalid", "at": at, "detail": str(result)}
+    if isinstance(result, RemoteError):
+        return {"kind": "failed", "at": at, "status": result.status, "detail": str(result),
+                "timeout": isinstance(result, RemoteTimeoutError),
+                "too_long": isinstance(result, PromptTooLongError)}
+    return {"kind": "ok", "at": at, "result": encode(result)}
+
+
+def _replayed(entry: dict[str, Any], decode: Callable[[Any], Any]) -> Any:
+    """The result (or the error) an entry logged."""
+    if entry["kind"] == "ok":
+        return decode(entry.get("result"))
+    detail = f"{entry.get('detail')} (from the call log: this request failed before a restart)"
+    if entry["kind"] == "invalid":
+        return InvalidModelOutputError(str(entry.get("detail")))
+    status = entry.get("status")
+    error = RemoteTimeoutError if entry.get("timeout") else (
+        PromptTooLongError if entry.get("too_long") else RemoteError)
+    return error(detail, status if isinstance(status, int) else None)
+
+
+def answer_with_log(log: CallLog, keys: Sequence[str], deadline_s: float,
+                    call: Callable[[list[int], Callable[[int, list[Any]], None]], list[Any]], *,
+                    encode: Callable[[Any], Any] = lambda r: r,
+                    decode: Callable[[Any], Any] = lambda v: v) -> list[Any]:
+    """One result (or the error in its place) per record, from the log where it holds the record's
+    key, else from ``call`` (each fresh outcome logged as it comes, all flushed before returning).
+
+    A record whose first attempt started (a ``started`` entry) more than ``deadline_s`` ago, before
+    a restart, is a :class:`~pyflink_aisp.errors.RemoteTimeoutError` without a request; a record
+    never seen gets a ``started`` entry before its request.
+
+    Args:
+        log: The worker's open log.
+        keys: Each record's :func:`call_key`.
+        deadline_s: The per-record deadline (seconds), counted from the first attempt.
+        call: ``call(indices, on_final)`` makes the requests of the records at ``indices`` (into
+            ``keys``) and returns one outcome per index, in order; it calls ``on_final(first,
+            outcomes)`` as soon as the outcomes of ``indices[first:first + len(outcomes)]`` are final.
+        encode / decode: A prediction to JSON and back.
+
+    Raises:
+        ModelError: The entries could not be flushed (the batch fails and is replayed).
+    """
+    results: list[Any] = [None] * len(keys)
+    todo: list[int] = []
+    started: list[tuple[str, dict[str, Any]]] = []
+    now = time.time()
+    for i, key in enumerate(keys):
+        entry = log.get(key) or {}
+        kind = entry.get("kind")
+        if kind in ("ok", "invalid", "failed"):
+            results[i] = _replayed(entry, decode)
+            log.hits += 1
+        elif kind == "started" and now - float(entry.get("at", now)) > deadline_s:
+            results[i] = RemoteTimeoutError(
+                f"the record's deadline of {deadline_s:g} s passed since its first attempt before a "
+                f"restart (call log {log.config.topic})")
+            log.put([(key, {"kind": "failed", "at": now, "timeout": True, "status": None,
+                           "detail": str(results[i])})])
+        else:
+            todo.append(i)
+            if kind is None:
+                started.append((key, {"kind": "started", "at": now}))
+    log.put(started)
+
+    def logged(first: int, outcomes: list[Any]) -> None:  # as each answer comes
+        log.put((keys[todo[first + k]], _entry(r, encode)) for k, r in enumerate(outcomes))
+
+    fresh = call(todo, logged) if todo else []
+    log.flush()
+    for i, r in zip(todo, fresh, strict=True):
+        results[i] = r
+    return results

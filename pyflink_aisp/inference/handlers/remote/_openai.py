@@ -26,7 +26,6 @@ is counted before it is sent, and dead-lettered or cut to fit (:mod:`._prompt`).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,14 +34,11 @@ import numpy as np
 
 from pyflink_aisp.errors import (
     ConfigError,
-    InvalidModelOutputError,
     ModelError,
-    PromptTooLongError,
     RemoteError,
-    RemoteTimeoutError,
 )
 from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
-from pyflink_aisp.inference.handlers.remote._call_log import CallLog, CallLogConfig, call_key
+from pyflink_aisp.inference.handlers.remote._call_log import CallLog, CallLogConfig, answer_with_log, call_key
 from pyflink_aisp.inference.handlers.remote._client import RemoteEndpoint, RemoteSession
 from pyflink_aisp.inference.handlers.remote._prompt import (
     TokenCounter,
@@ -189,59 +185,10 @@ class OpenAIHandlerBase(ModelHandler[Any, Any, OpenAIModel]):
         if log is None:
             return self._call(examples, model)
         keys = [call_key(self.model_version(), self._request([x])) for x in examples]
-        results: list[Any] = [None] * len(examples)
-        todo: list[int] = []
-        started: list[tuple[str, dict[str, Any]]] = []
-        now = time.time()
-        for i, key in enumerate(keys):
-            entry = log.get(key) or {}
-            kind = entry.get("kind")
-            if kind in ("ok", "invalid", "failed"):
-                results[i] = self._replayed(entry)
-                log.hits += 1
-            elif kind == "started" and now - float(entry.get("at", now)) > self.endpoint.deadline_s:
-                results[i] = RemoteTimeoutError(
-                    f"the record's deadline of {self.endpoint.deadline_s:g} s passed since its first "
-                    f"attempt before a restart (call log {log.config.topic})")
-                log.put([(key, {"kind": "failed", "at": now, "timeout": True, "status": None,
-                               "detail": str(results[i])})])
-            else:
-                todo.append(i)
-                if kind is None:
-                    started.append((key, {"kind": "started", "at": now}))
-        log.put(started)
-
-        def logged(first: int, outcomes: list[Any]) -> None:  # as each answer comes
-            log.put((keys[todo[first + k]], self._logged(r)) for k, r in enumerate(outcomes))
-
-        fresh = self._call([examples[i] for i in todo], model, on_final=logged) if todo else []
-        log.flush()
-        for i, r in zip(todo, fresh, strict=True):
-            results[i] = r
-        return results
-
-    def _logged(self, result: Any) -> dict[str, Any]:
-        """The call log entry of one fresh result."""
-        at = time.time()
-        if isinstance(result, InvalidModelOutputError):
-            return {"kind": "invalid", "at": at, "detail": str(result)}
-        if isinstance(result, RemoteError):
-            return {"kind": "failed", "at": at, "status": result.status, "detail": str(result),
-                    "timeout": isinstance(result, RemoteTimeoutError),
-                    "too_long": isinstance(result, PromptTooLongError)}
-        return {"kind": "ok", "at": at, "result": self._encode(result)}
-
-    def _replayed(self, entry: dict[str, Any]) -> Any:
-        """The result (or the error) an entry logged."""
-        if entry["kind"] == "ok":
-            return self._decode(entry.get("result"))
-        detail = f"{entry.get('detail')} (from the call log: this request failed before a restart)"
-        if entry["kind"] == "invalid":
-            return InvalidModelOutputError(str(entry.get("detail")))
-        status = entry.get("status")
-        error = RemoteTimeoutError if entry.get("timeout") else (
-            PromptTooLongError if entry.get("too_long") else RemoteError)
-        return error(detail, status if isinstance(status, int) else None)
+        return answer_with_log(
+            log, keys, self.endpoint.deadline_s,
+            lambda todo, on_final: self._call([examples[i] for i in todo], model, on_final=on_final),
+            encode=self._encode, decode=self._decode)
 
     def _encode(self, result: Any) -> Any:
         """A prediction as JSON (generation rows are JSON already)."""

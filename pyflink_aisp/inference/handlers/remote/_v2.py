@@ -32,6 +32,11 @@ A request that fails (see :mod:`._client`) fails its rows alone, as ``remote_err
 ``remote_timeout`` dead letters; nothing is sent twice by the batcher (the handler returns
 the error in those rows' places instead of raising).
 
+With a call log (``call_log``, :mod:`._call_log`) each row's request (the model, its input
+tensor's name and datatype, the row's data, the outputs asked for) is a key of a Kafka topic
+that keeps its answer or final failure, so a row replayed after a failover is answered from
+there instead of the server, and its deadline counts from its first attempt across restarts.
+
 A ``grpc://host:port`` (``grpcs://``: TLS) URL speaks the protocol's gRPC binding instead
 (:mod:`._grpc_v2`): the same metadata, tensors and outputs, as protobuf messages on one
 HTTP/2 channel per worker, with the same retries, limits and dead letters.
@@ -50,6 +55,7 @@ import numpy.typing as npt
 from pyflink_aisp.errors import ConfigError, ModelError, RemoteError
 from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
 from pyflink_aisp.inference.handlers._onnx_predictor import output_field_name
+from pyflink_aisp.inference.handlers.remote._call_log import CallLog, CallLogConfig, answer_with_log, call_key
 from pyflink_aisp.inference.handlers.remote._client import RemoteEndpoint, RemoteSession, path_segment
 from pyflink_aisp.inference.handlers.remote._grpc_v2 import GrpcV2Sender, infer_request, model_metadata
 from pyflink_aisp.inference.tasks import OutputField, PredictionTask, SqlType
@@ -134,10 +140,12 @@ class V2Model:
     Attributes:
         session: The connection pool, limiter and retries.
         plan: The metadata read at load.
+        call_log: The worker's call log (answers kept across failovers), or None.
     """
 
     session: RemoteSession
     plan: _Plan
+    call_log: CallLog | None = None
 
     def stack(self, examples: Sequence[Any]) -> npt.NDArray[Any]:
         """``k`` feature vectors → ``(k, n_features)`` of the input's dtype; for a text model,
@@ -179,6 +187,7 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
         version: A model version, or None for the server's choice.
         rows_per_request: Most rows in one request's tensor (>= 1).
         texts: The model takes the records' texts (one ``BYTES`` input), not feature vectors.
+        call_log: A Kafka topic that keeps each row's answer across failovers, or None.
         api_key_env / api_key_file / ca_file / request_timeout_s / deadline_s / max_attempts /
         concurrency: As :class:`~pyflink_aisp.inference.handlers.remote.RemoteEndpoint`.
 
@@ -187,7 +196,7 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
     """
 
     def __init__(self, *, url: str, model: str, version: str | None = None, rows_per_request: int = 64,
-                 texts: bool = False, **endpoint: Any) -> None:
+                 texts: bool = False, call_log: CallLogConfig | None = None, **endpoint: Any) -> None:
         self._segments = (path_segment("model name", model),
                           None if version is None else path_segment("model version", version))
         if rows_per_request < 1:
@@ -195,6 +204,7 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
         self.endpoint = RemoteEndpoint(url=url, **endpoint)
         self.model, self.version, self.rows_per_request = model, version, rows_per_request
         self.texts = texts
+        self.call_log = call_log
         self._plan: _Plan | None = None
 
     @property
@@ -236,7 +246,8 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
         """Open the worker's connection pool after checking the model.
 
         Raises:
-            RemoteError / ModelError: As :meth:`check`.
+            RemoteError / ModelError: As :meth:`check`; ModelError also where the call log's
+                brokers cannot be reached or its topic read.
             ConfigError: The API key cannot be read on this worker.
         """
         declared = self.check()  # read where the job was built (the task's fields) ...
@@ -246,15 +257,23 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
             now, was = [f.name for _, f in plan.outputs], [f.name for _, f in declared.outputs]
             raise ModelError(f"remote model {self.model} changed since the job was built: it now declares "
                              f"{now} (was {was})")
+        log = None if self.call_log is None else CallLog(self.call_log, scope=self.model_version()).open()
         return V2Model(RemoteSession(self.endpoint, sender=GrpcV2Sender if self.endpoint.is_grpc else None),
-                       plan)
+                       plan, call_log=log)
 
     def release_model(self, model: V2Model) -> None:
         model.session.close()
+        if model.call_log is not None:
+            model.call_log.close()
 
     def metrics(self, model: V2Model) -> dict[str, Callable[[], int]]:
-        """The session's gauges (see :meth:`RemoteSession.gauges`)."""
-        return model.session.gauges()
+        """The session's gauges (see :meth:`RemoteSession.gauges`; with a call log also
+        ``remoteCallLogHits``: rows answered from it, ``remoteCallLogSize``)."""
+        gauges = model.session.gauges()
+        log = model.call_log
+        if log is not None:
+            gauges.update(remoteCallLogHits=lambda: log.hits, remoteCallLogSize=lambda: log.size)
+        return gauges
 
     def prepare_batch(self, batch: Sequence[Any], model: V2Model) -> Prepared:
         """Stack the submitted batch once: payload ``(n, n_features)``, every length 1.
@@ -272,9 +291,28 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
         return self._infer(model.stack(list(batch)), model)
 
     def _infer(self, matrix: npt.NDArray[Any], model: V2Model) -> list[Any]:
-        """``k`` predictions or, for the rows of a failed request, its error."""
+        """``k`` predictions or, for the rows of a failed request, its error: from the call log
+        where it holds a row's request (no request is made), else from the server (logged)."""
+        log = model.call_log
+        if log is None:
+            return self._send(matrix, model)
+        plan = model.plan
+        request = {"path": f"{self._path}/infer", "input": plan.input_name, "datatype": plan.datatype,
+                   "outputs": [name for name, _ in plan.outputs]}
+        keys = [call_key(self.model_version(), {**request, "data": np.asarray(row).tolist()})
+                for row in matrix]
+        return answer_with_log(
+            log, keys, self.endpoint.deadline_s,
+            lambda todo, on_final: self._send(matrix[np.asarray(todo, dtype=np.intp)], model, on_final),
+            encode=_encode, decode=lambda value: _decode(plan, value))
+
+    def _send(self, matrix: npt.NDArray[Any], model: V2Model,
+              on_final: Callable[[int, list[Any]], None] | None = None) -> list[Any]:
+        """The requests of ``matrix``'s rows, ``rows_per_request`` a request, all in flight at once;
+        ``on_final(first, outcomes)`` as each request's rows are final (for the call log)."""
         plan, k, step = model.plan, matrix.shape[0], self.rows_per_request
-        parts = [matrix[i:i + step] for i in range(0, k, step)]
+        starts = list(range(0, k, step))
+        parts = [matrix[i:i + step] for i in starts]
         names = [name for name, _ in plan.outputs]
         grpc = self.endpoint.is_grpc
         bodies = [(f"{self._path}/infer", infer_request(self.model, self.version, plan.input_name,
@@ -282,16 +320,22 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
             "inputs": [{"name": plan.input_name, "shape": list(part.shape), "datatype": plan.datatype,
                         "data": part.ravel().tolist()}],
             "outputs": [{"name": name} for name in names]}) for part in parts]
-        results: list[Any] = []
-        for part, answer in zip(parts, model.session.gather(bodies), strict=True):
+        done: dict[int, list[Any]] = {}
+
+        def answered(j: int, answer: Any) -> None:
+            rows = parts[j].shape[0]
             if isinstance(answer, RemoteError):
-                results.extend([answer] * part.shape[0])
-                continue
-            try:
-                results.extend(_rows(self.model, plan, answer, part.shape[0]))
-            except RemoteError as exc:
-                results.extend([exc] * part.shape[0])
-        return results
+                done[j] = [answer] * rows
+            else:
+                try:
+                    done[j] = list(_rows(self.model, plan, answer, rows))
+                except RemoteError as exc:
+                    done[j] = [exc] * rows
+            if on_final is not None:
+                on_final(starts[j], done[j])
+
+        model.session.gather(bodies, on_answer=answered)
+        return [r for j in range(len(parts)) for r in done[j]]
 
     def batch_byte_size(self, batch: Sequence[Any]) -> int:
         if self.texts:
@@ -329,3 +373,33 @@ def _rows(model: str, plan: _Plan, answer: Any, k: int) -> list[dict[str, Any]]:
             values = values[:, 0]
         columns.append((field, values))
     return [{f.name: v[i] for f, v in columns} for i in range(k)]
+
+
+def _encode(prediction: Any) -> Any:
+    """A prediction (``{field: numpy value}``) as JSON for the call log; an error stays as it is."""
+    if not isinstance(prediction, dict):
+        return prediction
+    return {name: value.tolist() if hasattr(value, "tolist") else value for name, value in prediction.items()}
+
+
+def _decode(plan: _Plan, value: Any) -> dict[str, Any]:
+    """:func:`_encode` undone: each field back in the numpy type :func:`_rows` gives it."""
+    types = {field.name: field.sql_type for _, field in plan.outputs}
+    out: dict[str, Any] = {}
+    for name, v in (value or {}).items():
+        sql_type = types.get(name)
+        if sql_type is SqlType.ARRAY_FLOAT:
+            out[name] = np.asarray(v, dtype=np.float32)
+        elif sql_type is SqlType.ARRAY_DOUBLE:
+            out[name] = np.asarray(v, dtype=np.float64)
+        elif sql_type is SqlType.ARRAY_STRING:
+            out[name] = np.asarray(v, dtype=object)
+        elif sql_type is SqlType.BIGINT:
+            out[name] = np.int64(v)
+        elif sql_type is SqlType.BOOLEAN:
+            out[name] = np.bool_(v)
+        elif sql_type is SqlType.DOUBLE:
+            out[name] = np.float64(v)
+        else:
+            out[name] = v
+    return out

@@ -1,8 +1,8 @@
-"""The OpenAI handlers' call log (issue 22, replay-safe calls), against httpx.MockTransport as the
-server and an in-memory topic shared by a worker and its "restarted" successor (the real Kafka topic
-is in tests/integration/remote/test_call_log_kafka.py): a replayed record's request is not sent
-again, its answer, invalid output or final failure comes back from the log, and a record's deadline
-counts from its first attempt across restarts."""
+"""The remote handlers' call log, OpenAI and V2 (issue 22, replay-safe calls), against
+httpx.MockTransport as the server and an in-memory topic shared by a worker and its "restarted"
+successor (the real Kafka topic is in tests/integration/remote/test_call_log_kafka.py): a replayed
+record's request is not sent again, its answer, invalid output or final failure comes back from the
+log, and a record's deadline counts from its first attempt across restarts."""
 
 from __future__ import annotations
 
@@ -21,9 +21,17 @@ from pyflink_aisp.inference.handlers.remote import (
     OpenAIGenerationHandler,
     OpenAIModel,
     RemoteSession,
+    V2Model,
+    V2PredictorHandler,
     call_key,
 )
+from pyflink_aisp.inference.handlers.remote._v2 import _plan
+from pyflink_aisp.inference.tasks import PredictionTask
 from pyflink_aisp.outcome import Reason, reason_of
+from pyflink_aisp.pipeline import InferenceOptions
+from pyflink_aisp.pipeline._handlers import remote_handler
+from tests.unit.inference.remote.test_v2_handler import META as V2_META
+from tests.unit.inference.remote.test_v2_handler import _server as v2_answer
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
 
@@ -233,3 +241,92 @@ def test_each_answer_is_logged_as_it_arrives_not_at_the_batchs_end():
     done = [(k, e) for k, e in topic if e["kind"] == "ok"]
     fast = call_key(handler.model_version(), handler._request(["fast"]))
     assert [k for k, _ in done] == [fast, call_key(handler.model_version(), handler._request(["slow"]))]
+
+
+# -- the V2 handler (Open Inference Protocol): rows of tensors, one key per row ------------------
+# its mock server (label = first feature > 5, probabilities from it, variable = the row's sum) and
+# metadata are the V2 handler tests'
+
+
+def _v2_worker(handler: V2PredictorHandler, answer, topic: list) -> V2Model:
+    log = MemoryLog(topic, handler.model_version()).open()
+    return V2Model(RemoteSession(handler.endpoint, transport=httpx.MockTransport(answer)),
+                   _plan("risk", V2_META), call_log=log)
+
+
+def _rows_sent(requests: list) -> list:
+    return [row for body in requests for row in np.reshape(body["inputs"][0]["data"],
+                                                           body["inputs"][0]["shape"]).tolist()]
+
+
+def test_a_restarted_v2_worker_sends_only_the_rows_the_log_does_not_hold_and_answers_alike():
+    topic: list = []
+    handler = V2PredictorHandler(url="http://s", model="risk", rows_per_request=2)
+    x = [np.array([i, 10 - i, 1], dtype=np.float32) for i in range(5)]
+    requests: list = []
+    first = _v2_worker(handler, v2_answer(requests), topic)
+    try:
+        before = handler.run_inference(x[:3], first)
+    finally:
+        handler.release_model(first)
+    assert _rows_sent(requests) == [[0, 10, 1], [1, 9, 1], [2, 8, 1]]
+    assert sorted(e["kind"] for _, e in topic) == ["ok"] * 3 + ["started"] * 3
+    requests.clear()
+    second = _v2_worker(handler, v2_answer(requests), topic)
+    try:
+        after = handler.run_inference(x, second)
+        assert _rows_sent(requests) == [[3, 7, 1], [4, 6, 1]], "only the rows the log does not hold"
+        assert handler.metrics(second)["remoteCallLogHits"]() == 3
+    finally:
+        handler.release_model(second)
+    task = PredictionTask(outputs=tuple(f for _, f in _plan("risk", V2_META).outputs))
+    assert [task.render(p) for p in after[:3]] == [task.render(p) for p in before], "the same output records"
+    assert after[0]["probabilities"].dtype == np.float32 and after[0]["label"].dtype == np.int64
+    assert [task.render(p)["variable"] for p in after] == [11.0] * 5
+
+
+def test_a_v2_row_that_failed_for_good_comes_back_as_its_error_without_a_request():
+    topic: list = []
+    handler = V2PredictorHandler(url="http://s", model="risk", rows_per_request=1)
+    x = [np.array([1, 1, 1], dtype=np.float32), np.array([99, 0, 0], dtype=np.float32)]
+    requests: list = []
+    refuse = v2_answer(requests, fail_when=lambda m: bool((m[:, 0] == 99).any()))
+    first = _v2_worker(handler, refuse, topic)
+    try:
+        ok, failed = handler.run_inference(x, first)
+    finally:
+        handler.release_model(first)
+    assert isinstance(failed, RemoteError) and failed.status == 400 and int(ok["label"]) == 0
+    requests.clear()
+    second = _v2_worker(handler, v2_answer(requests), topic)  # the server would answer it now
+    try:
+        again = handler.run_inference(x, second)
+    finally:
+        handler.release_model(second)
+    assert requests == [], "both rows come from the log"
+    assert isinstance(again[1], RemoteError) and again[1].status == 400
+    assert "from the call log" in str(again[1])
+    assert reason_of(again[1]) is reason_of(failed)
+    np.testing.assert_array_equal(again[0]["probabilities"], ok["probabilities"])
+
+
+def test_the_v2_keys_cover_the_model_version_and_each_rows_data():
+    plan = _plan("risk", V2_META)
+    topic: list = []
+    for handler in (V2PredictorHandler(url="http://s", model="risk"),
+                    V2PredictorHandler(url="http://s", model="risk", version="2")):
+        model = V2Model(RemoteSession(handler.endpoint, transport=httpx.MockTransport(v2_answer([]))),
+                        plan, call_log=MemoryLog(topic, handler.model_version()).open())
+        try:
+            handler.run_inference([np.array([1, 2, v], dtype=np.float32) for v in (3, 4)], model)
+        finally:
+            handler.release_model(model)
+    assert len({key for key, _ in topic}) == 4, "two versions x two rows"
+
+
+def test_a_v2_job_with_a_call_log_gets_one_on_its_brokers():
+    options = InferenceOptions(remote_url="http://s", remote_model="risk", remote_call_log="calls",
+                               remote_call_log_servers="k:9092")
+    handler = remote_handler(options)
+    assert isinstance(handler, V2PredictorHandler)
+    assert handler.call_log == CallLogConfig(topic="calls", bootstrap_servers="k:9092")
