@@ -34,9 +34,10 @@ once, each with half the cores' intra-op threads, ``--intra-op-threads 0``), ``-
 same with ``--pipeline-depth 1`` and one intra-op thread: the two subtasks' calls take turns on the
 model they share), ``-recordp2t2`` (``-recordp2`` with two intra-op threads per run: a lone call
 gets both cores, two calls oversubscribe them), ``-recordp2c120`` (``-recordp2`` with 120 s
-checkpoints, so none falls in the measured span), ``-p2`` (the Arrow operator at ``--parallelism 2``
-over two input partitions, one intra-op thread), ``-p2d2`` (the same with ``--pipeline-depth 2``:
-two runs at once where the subtasks share a model) or
+checkpoints, so none falls in the measured span), ``-recordp2chained`` (``-recordp2`` with its sinks
+chained into the operator's thread, ``--separate-sinks false``), ``-p2`` (the Arrow operator at
+``--parallelism 2`` over two input partitions, one intra-op thread), ``-p2d2`` (the same with
+``--pipeline-depth 2``: two runs at once where the subtasks share a model) or
 ``-ct`` (the output topic keeps the sink producer's ``CreateTime``: the last stage then ends at
 the sink's ``send()``, and the difference to the plain case is the producer and the broker).
 
@@ -90,11 +91,13 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "recordp2t2": ("--operator", "record", "--intra-op-threads", "2", "--parallelism", "2"),
     "recordp2c120": ("--operator", "record", "--intra-op-threads", "0", "--parallelism", "2",
                      "--checkpoint-interval-ms", "120000"),
+    "recordp2chained": ("--operator", "record", "--intra-op-threads", "0", "--parallelism", "2",
+                        "--separate-sinks", "false"),
     "p2": ("--intra-op-threads", "1", "--parallelism", "2"),
     "p2d2": ("--intra-op-threads", "1", "--parallelism", "2", "--pipeline-depth", "2")}
 #: Input topic partitions of a variant (default 1): a parallel job reads one per source subtask.
 PARTITIONS: dict[str, int] = {"record1p2": 2, "recordp2": 2, "recordp2t2": 2, "recordp2c120": 2,
-                              "p2": 2, "p2d2": 2}
+                              "recordp2chained": 2, "p2": 2, "p2d2": 2}
 STAGES = ("kafka_to_worker", "decode", "inference", "render", "worker_to_kafka", "total")
 
 

@@ -211,6 +211,8 @@ def pipeline_statements(
         scored = _scored_table(t_env, options, servers, handler, task, limit, plan)
     else:
         scored = _routed_table(t_env, options, servers, routes, limit, plan)
+    if options.effective_separate_sinks:
+        scored = _own_sink_tasks(t_env, scored)
     prefix = options.transactional_prefix
     statements = t_env.create_statement_set()
     for name, topic, kind, dead in (("scores_out", options.output_topic, "scores", False),
@@ -269,6 +271,14 @@ def _routed_table(t_env: StreamTableEnvironment, options: PipelineOptions, serve
         scored = table if scored is None else scored.union_all(table)
     assert scored is not None
     return scored
+
+
+def _own_sink_tasks(t_env: StreamTableEnvironment, scored: Table) -> Table:
+    """``scored`` behind a ``rescale`` exchange (equal parallelism: subtask i to subtask i), which
+    Flink does not chain across: the sinks that read it run in tasks (threads) of their own, so
+    their flush and transaction commit at a checkpoint do not stall the operator's thread (the
+    record operator runs its model there)."""
+    return t_env.from_data_stream(t_env.to_data_stream(scored).rescale())
 
 
 def _branch_feeds(t_env: StreamTableEnvironment, raw: Table, count: int, *, streaming: bool) -> list[Table]:

@@ -563,6 +563,12 @@ class PipelineOptions(InferenceOptions):
         'async: one coroutine per record (low-rate streams, --ordered); record: one model call per '
         'record in Flink\'s thread mode, inside the TaskManager\'s JVM (no bundle, no hop to a Python '
         'process: latency first at low rates).')
+    separate_sinks: bool | None = opt(None, J, "STREAMING: the Kafka sinks run in tasks of their own "
+        "behind a rescale exchange instead of chained into the operator's thread, so a checkpoint's "
+        "flush and transaction commit do not hold the model's input back (default: on for --operator "
+        "record, whose model runs in the task thread, off otherwise); with it on and no "
+        "--buffer-timeout-ms, execution.buffer-timeout.interval is 0 (each result is sent on at once).",
+        nullable=True)
     ordered: bool = opt(False, J, 'async operator: emit in input order (AsyncDataStream.ordered_wait).')
     capacity: int = opt(256, J, 'async operator: records in flight (>= --max-batch-size; 4x lets the next '
         'batch form while the model runs).', unit='records', minimum=1)
@@ -700,6 +706,13 @@ class PipelineOptions(InferenceOptions):
     def bounded(self) -> bool:
         """Whether the job runs in BATCH mode (its source is bounded)."""
         return self.mode is RuntimeMode.BATCH
+
+    @property
+    def effective_separate_sinks(self) -> bool:
+        """``separate_sinks``, else on for the record operator; never in BATCH (no checkpoints)."""
+        if self.bounded:
+            return False
+        return self.operator is Runner.RECORD if self.separate_sinks is None else self.separate_sinks
 
     @property
     def effective_startup_mode(self) -> StartupMode:

@@ -57,8 +57,10 @@ def flink_settings(options: InferenceOptions) -> dict[str, str]:
       failing the job); ``retry-strategy`` ``NO_RETRY`` (the function never raises
       for a row);
     * ``execution.buffer-timeout.interval`` =
-      ``buffer_timeout_ms`` where it is set (else Flink's 100 ms stays; not derived
-      from the latency target: decision record 7, ``docs/decisions/0007-latency-settings.md``);
+      ``buffer_timeout_ms`` where it is set, else 0 for a job whose sinks run in tasks of
+      their own (``effective_separate_sinks``: each result crosses the exchange at once),
+      else Flink's 100 ms stays (not derived from the latency target: decision record 7,
+      ``docs/decisions/0007-latency-settings.md``);
     * ``execution.checkpointing.timeout`` = ``checkpoint_timeout_ms``;
     * ``restart-strategy.*``: :func:`restart_settings`, a bounded number of restarts
       (Flink's default with checkpoints restarts without end, so a record that fails
@@ -69,6 +71,8 @@ def flink_settings(options: InferenceOptions) -> dict[str, str]:
     """
     job = options if isinstance(options, PipelineOptions) else None
     buffer_timeout = options.buffer_timeout_ms
+    if buffer_timeout is None and job is not None and job.effective_separate_sinks:
+        buffer_timeout = 0
     return {**restart_settings(job),
         "execution.checkpointing.timeout": f"{_job_value(job, 'checkpoint_timeout_ms')} ms",
         **({} if buffer_timeout is None else {"execution.buffer-timeout.interval": f"{buffer_timeout} ms"}),

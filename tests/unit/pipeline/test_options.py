@@ -722,6 +722,21 @@ def test_buffer_timeout_and_sink_linger_are_set_only_when_asked(
     assert options.sink_linger_ms == linger
 
 
+@pytest.mark.parametrize(("flags", "separate", "timeout"), [
+    ([], False, None),                                               # the Arrow operator: chained sinks
+    (["--operator", "record"], True, "0 ms"),                        # its model runs in the task thread
+    (["--operator", "record", "--separate-sinks", "false"], False, None),
+    (["--operator", "record", "--buffer-timeout-ms", "5"], True, "5 ms"),  # a given timeout stays
+    (["--operator", "record", "--mode", "batch"], False, None),      # BATCH: no checkpoint to wait out
+    (["--separate-sinks", "true"], True, "0 ms"),
+])
+def test_the_record_operator_gets_sinks_of_their_own_and_a_zero_buffer_timeout(
+        flags: list[str], separate: bool, timeout: str | None) -> None:
+    options = PipelineOptions.from_args([*BASE, *flags])
+    assert options.effective_separate_sinks is separate
+    assert flink_settings(options).get("execution.buffer-timeout.interval") == timeout
+
+
 def test_an_infinite_latency_target_is_refused_before_the_settings() -> None:
     with pytest.raises(ConfigError, match="latency_slo_ms must be a finite number"):
         InferenceOptions(latency_slo_ms=math.inf)
