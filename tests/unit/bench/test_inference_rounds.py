@@ -7,24 +7,15 @@ judged on the medians over round 0 and the rounds.
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-
 
 @pytest.fixture(scope="module")
-def report() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("_report")
-    finally:
-        sys.path.remove(str(BENCH))
+def report(bench_module) -> ModuleType:
+    return bench_module("_report")
 
 
 def _results(rounds: list[dict[str, Any]], e0: float = 580.0) -> dict[str, Any]:

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
 
-
-def test_each_window_gets_its_records_percentiles_and_the_compiler_cores() -> None:
-    sys.path.insert(0, str(BENCH))
-    try:
-        jw = importlib.import_module("jit_windows")
-    finally:
-        sys.path.remove(str(BENCH))
+def test_each_window_gets_its_records_percentiles_and_the_compiler_cores(bench_module) -> None:
+    jw = bench_module("jit_windows")
     t0 = 1_000_000.0  # one record every 100 ms for 20 s: slow (100 ms) in the first 10 s, then 20 ms
     t_in = [t0 + 100.0 * i for i in range(200)]
     series = {"t_in_ms": t_in, "total": [100.0 if i < 100 else 20.0 for i in range(200)],

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 from confluent_kafka import KafkaError, KafkaException
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
 
-
-def test_a_topic_whose_leader_is_not_known_yet_is_retried_and_a_refusal_is_not() -> None:
-    sys.path.insert(0, str(BENCH))
-    try:
-        load = importlib.import_module("_kafka_load")
-    finally:
-        sys.path.remove(str(BENCH))
+def test_a_topic_whose_leader_is_not_known_yet_is_retried_and_a_refusal_is_not(bench_module) -> None:
+    load = bench_module("_kafka_load")
     assert load._retriable(KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)))
     assert load._retriable(KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)))
     assert not load._retriable(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
 LINES = [  # JDK 17's -Xlog:gc,safepoint:file=...:timemillis,uptimemillis
     "[1000000ms][556ms] GC(0) Pause Young (Normal) (G1 Evacuation Pause) 31M->20M(388M) 4.607ms",
     '[1000000ms][556ms] Safepoint "G1CollectForAllocation", Time since last: 552306158 ns, '
@@ -24,12 +20,8 @@ LINES = [  # JDK 17's -Xlog:gc,safepoint:file=...:timemillis,uptimemillis
 
 
 @pytest.fixture(scope="module")
-def stalls() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("_stalls")
-    finally:
-        sys.path.remove(str(BENCH))
+def stalls(bench_module) -> ModuleType:
+    return bench_module("_stalls")
 
 
 def test_a_safepoint_line_is_a_pause_ending_at_its_stamp(stalls) -> None:

@@ -3,32 +3,19 @@ the JVMs' JIT compilers are done, and the cores those compilers took (issue 24).
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
 
-
-def _bench_module(name: str) -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(BENCH))
+@pytest.fixture(scope="module")
+def streaming(bench_module) -> ModuleType:
+    return bench_module("_kafka_streaming")
 
 
 @pytest.fixture(scope="module")
-def streaming() -> ModuleType:
-    return _bench_module("_kafka_streaming")
-
-
-@pytest.fixture(scope="module")
-def cpu() -> ModuleType:
-    return _bench_module("_cpu")
+def cpu(bench_module) -> ModuleType:
+    return bench_module("_cpu")
 
 
 def test_the_steady_rate_counts_the_outputs_from_the_cut_to_the_last(streaming) -> None:
