@@ -75,7 +75,7 @@ from pyflink_aisp.pipeline._preflight import (
 from pyflink_aisp.pipeline._record_op import RecordInferenceFunction, record_inference_udf
 from pyflink_aisp.pipeline._routed_op import RoutedInferenceFunction, route_branches, routed_inference_udf
 from pyflink_aisp.pipeline._routes import RoutePlan, route_plan
-from pyflink_aisp.pipeline._settings import flink_settings, thread_mode_settings
+from pyflink_aisp.pipeline._settings import cluster_pipeline_depth, flink_settings, thread_mode_settings
 from pyflink_aisp.pipeline._shell import WorkerSpec
 
 __all__ = ["SCORED_TYPE", "build_pipeline", "make_environment", "pipeline_statements"]
@@ -181,8 +181,11 @@ def pipeline_statements(
     """The job graph of :func:`build_pipeline`, not submitted: one ``INSERT`` per sink in a
     ``StatementSet`` (``explain()`` shows the plan). Creates the output and DLQ topics.
 
-    Args and Raises: as :func:`build_pipeline`.
+    Args and Raises: as :func:`build_pipeline`. The record operator's derived ``--pipeline-depth``
+    is capped at a cluster TaskManager's slots
+    (:func:`~pyflink_aisp.pipeline._settings.cluster_pipeline_depth`).
     """
+    options = cluster_pipeline_depth(options, t_env.get_config().get)
     servers = options.servers
     routes = route_plan(options.models, options.route) if options.models and options.route else None
     if routes is None:

@@ -132,7 +132,8 @@ class InferenceOptions(RemoteOptions):
         'torch: the next batch is prepared and copied while one computes (none: 2 on cuda, 1 on cpu). The '
         'ONNX sentiment model on the CPU: that many session.run calls compute at once, each on its own '
         'thread, with physical cores / depth intra-op threads each unless --intra-op-threads is given '
-        '(none: 1; with --operator record, --parallelism: its subtasks share the model).', unit='batches',
+        '(none: 1; with --operator record, --parallelism: its subtasks share the model, capped on a '
+        "cluster at taskmanager.numberOfTaskSlots, the most of them one TaskManager holds).", unit='batches',
         job_param='aisp.batch.pipeline-depth', nullable=True, minimum=1)
     latency_slo_ms: float | None = opt(None, B, 'p99 target of the inference operator: shorter bundles (SLO '
         "/ 30) and no ORT spin-wait; the async operator's batch size and wait are tuned online within "

@@ -40,10 +40,12 @@ from pyflink_aisp.pipeline._build import build_pipeline, make_environment
 from pyflink_aisp.pipeline._config import InferenceOptions, PipelineOptions
 from pyflink_aisp.pipeline._failfast import TERMINAL, check_dead_letter_rate, wait_failing_fast
 from pyflink_aisp.pipeline._handlers import handler_for, model_assets
+from pyflink_aisp.pipeline._options import Runner
 from pyflink_aisp.pipeline._plan import InputPlan, group_or_earliest, plan_input, rest_url
 from pyflink_aisp.pipeline._registry import load_registry
 from pyflink_aisp.pipeline._remote_options import RemoteApi
 from pyflink_aisp.pipeline._routes import route_plan
+from pyflink_aisp.pipeline._settings import cluster_pipeline_depth
 from pyflink_aisp.pipeline._watch import likely_fix
 
 __all__ = ["model_files", "run_job"]
@@ -123,7 +125,7 @@ def run_job(options: PipelineOptions, handler: ModelHandler[Any, Any, Any] | Non
         result = build_pipeline(t_env, options, handler, plan=plan)
         client = result.get_job_client()
         job_id = str(client.get_job_id()) if client is not None else "?"
-        say(f"job {job_id} submitted ({options.mode}, {options.operator.value} operator); "
+        say(f"job {job_id} submitted ({options.mode}, {_operator_line(options, t_env)}); "
             f"output {options.output_topic}, dead letters {options.dlq}")
         if config.get("execution.attached", "true") == "false":
             return 0  # `flink run -d`: the job runs on; stop it with `flink stop`
@@ -142,6 +144,19 @@ def run_job(options: PipelineOptions, handler: ModelHandler[Any, Any, Any] | Non
         print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _operator_line(options: PipelineOptions, t_env: Any) -> str:
+    """``"arrow operator"``; for the record operator also its ``--pipeline-depth`` as the job runs
+    it (:func:`~pyflink_aisp.pipeline._settings.cluster_pipeline_depth`)."""
+    if options.operator is not Runner.RECORD:
+        return f"{options.operator.value} operator"
+    get = t_env.get_config().get
+    depth = cluster_pipeline_depth(options, get).concurrent_runs
+    slots = get("taskmanager.numberOfTaskSlots", "")
+    target = get("execution.target", "local")
+    where = f"{target}, {slots} slots per TaskManager" if slots else target
+    return f"record operator, pipeline depth {depth} ({where})"
 
 
 def _describe(span: TopicRange) -> str:

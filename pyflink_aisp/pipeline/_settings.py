@@ -1,6 +1,7 @@
 """The PyFlink settings derived from the options: bundles, Arrow batches, async scalar
 concurrency, checkpoint timeout and restart strategy (:func:`flink_settings`); thread mode for the
-per-record operator (:func:`thread_mode_settings`).
+per-record operator (:func:`thread_mode_settings`) and how many of its subtasks share one
+interpreter (:func:`cluster_pipeline_depth`).
 """
 
 from __future__ import annotations
@@ -8,14 +9,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.pipeline._config import InferenceOptions, PipelineOptions, option
-from pyflink_aisp.pipeline._options import RestartStrategy
+from pyflink_aisp.pipeline._options import RestartStrategy, Runner
 
-__all__ = ["BUNDLE_ARROW_BATCHES", "RESTART_BACKOFF_MULTIPLIER", "RESTART_JITTER", "flink_settings",
+__all__ = ["BUNDLE_ARROW_BATCHES", "RESTART_BACKOFF_MULTIPLIER", "RESTART_JITTER", "cluster_pipeline_depth",
+           "flink_settings",
            "format_job_parameters", "restart_settings", "thread_mode_settings", "worker_settings"]
 
 #: PyFlink's default ``python.fn-execution.bundle.size`` (1000 in 2.3.0).
@@ -168,3 +171,39 @@ def thread_mode_settings(python: str, config: dict[str, str]) -> dict[str, str]:
         raise ConfigError(f"--operator record: could not ask the workers' Python {python} for its "
                           f"site-packages ({exc}); give them with -D python.pythonpath=...") from exc
     return {**settings, "python.pythonpath": os.pathsep.join(paths)}
+
+
+#: ``execution.target`` values of a MiniCluster: its TaskManagers all run in the client's JVM.
+_IN_PROCESS_TARGETS = frozenset({"", "local"})
+
+
+def cluster_pipeline_depth(options: PipelineOptions, get: Callable[[str, str], str]) -> PipelineOptions:
+    """``options`` with ``pipeline_depth`` capped at the subtasks that share an interpreter.
+
+    In thread mode the record operator's subtasks in one TaskManager share its interpreter and
+    model, so the derived depth (:attr:`PipelineOptions.concurrent_runs`) is the parallelism. A
+    TaskManager holds at most ``taskmanager.numberOfTaskSlots`` of them (one subtask of an
+    operator per slot), so on a cluster (``execution.target`` other than ``local``: ``flink run``
+    against a standalone, YARN or Kubernetes cluster, each TaskManager a process of its own) the
+    depth becomes min(parallelism, slots): each run then gets the host's cores / that many
+    intra-op threads instead of a share for subtasks that run elsewhere. A MiniCluster (local)
+    runs every subtask in one JVM: no cap there. ``options`` unchanged for another operator, a
+    ``--pipeline-depth`` given, or a slot count that is not a positive int.
+
+    Args:
+        options: The job's options.
+        get: ``(key, default) -> value`` of the effective Flink configuration (e.g.
+            ``TableConfig.get``, which falls back to the root configuration: ``flink run``'s
+            options and the cluster's config.yaml).
+    """
+    if options.operator is not Runner.RECORD or options.pipeline_depth is not None:
+        return options
+    if get("execution.target", "local").strip().lower() in _IN_PROCESS_TARGETS:
+        return options
+    try:
+        slots = int(get("taskmanager.numberOfTaskSlots", ""))
+    except ValueError:
+        return options
+    if slots < 1 or slots >= options.concurrent_runs:
+        return options
+    return replace(options, pipeline_depth=slots)

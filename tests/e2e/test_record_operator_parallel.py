@@ -28,10 +28,12 @@ def test_two_record_subtasks_score_both_partitions_once(stack, model_assets, job
     for i, r in enumerate(reviews):
         producer.produce(topic, value=json.dumps({"id": r.id, "text": r.text}).encode(), partition=i % 2)
     assert producer.flush(60) == 0
-    _, read = job_outputs(stack, "streaming", (
+    stdout, read = job_outputs(stack, "streaming", (
         "--bootstrap-servers", bootstrap, "--input-topic", topic, "--output-topic", f"{topic}-out",
         "--model-dir", str(model_assets.directory), "--operator", "record", "--parallelism", "2",
         "--latency-slo-ms", "100", "--checkpoint-interval-ms", "1000"), {f"{topic}-out": N})
+    # the client read the cluster's config.yaml: 4 slots a TaskManager hold both subtasks (depth 2)
+    assert "(streaming, record operator, pipeline depth 2 (remote, 4 slots per TaskManager))" in stdout
     out = read[f"{topic}-out"]
     docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in out}
     assert len(out) == N and sorted(docs) == sorted(r.id for r in reviews)

@@ -204,6 +204,36 @@ def test_the_record_operators_subtasks_run_the_model_side_by_side(fields: dict[s
     assert handler._runs == runs and handler._threads is None  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(("config", "fields", "runs"), [
+    # flink run against a cluster whose TaskManagers have 1 slot: each subtask has an interpreter alone
+    ({"execution.target": "remote", "taskmanager.numberOfTaskSlots": "1"}, {"parallelism": 4}, 1),
+    ({"execution.target": "kubernetes-application", "taskmanager.numberOfTaskSlots": "2"},
+     {"parallelism": 4}, 2),
+    ({"execution.target": "remote", "taskmanager.numberOfTaskSlots": "4"}, {"parallelism": 2}, 2),
+    ({"execution.target": "remote", "taskmanager.numberOfTaskSlots": "16"}, {"parallelism": 12}, 8),
+    # a MiniCluster runs every subtask in the client's JVM: one interpreter, whatever its slots
+    ({"execution.target": "local", "taskmanager.numberOfTaskSlots": "1"}, {"parallelism": 2}, 2),
+    ({"taskmanager.numberOfTaskSlots": "1"}, {"parallelism": 2}, 2),
+    ({"execution.target": "remote"}, {"parallelism": 2}, 2),  # slots unknown
+    ({"execution.target": "remote", "taskmanager.numberOfTaskSlots": "x"}, {"parallelism": 2}, 2),
+    ({"execution.target": "remote", "taskmanager.numberOfTaskSlots": "1"},
+     {"parallelism": 4, "pipeline_depth": 3}, 3),  # given: it stands
+    ({"execution.target": "remote", "taskmanager.numberOfTaskSlots": "1"},
+     {"parallelism": 4, "operator": "arrow"}, 1),
+])
+def test_a_clusters_slots_cap_the_record_operators_derived_depth(
+        config: dict[str, str], fields: dict[str, Any], runs: int) -> None:
+    from pyflink_aisp.pipeline import PipelineOptions
+    from pyflink_aisp.pipeline._handlers import handler_for
+    from pyflink_aisp.pipeline._settings import cluster_pipeline_depth
+
+    options = PipelineOptions(input_topic="i", output_topic="o", **{"operator": "record", **fields})
+    capped = cluster_pipeline_depth(options, config.get)
+    assert capped.concurrent_runs == runs
+    assert handler_for(capped)._runs == runs  # type: ignore[attr-defined]
+    assert cluster_pipeline_depth(capped, config.get) == capped  # idempotent: the job and its line agree
+
+
 class Recorder:
     """Stands in for TorchSentimentHandler: records its arguments."""
 
