@@ -232,3 +232,36 @@ def test_a_users_handler_runs_by_option_shipped_with_pyfs(stack, tmp_path):
         assert list(doc) == ["id", "label", "score", "known_words", "model_sha256"]
         assert doc["score"] == pytest.approx(lexicon.score(r.text), abs=1e-9)
         assert doc["known_words"] == lexicon.known_words(r.text) and doc["model_sha256"] == sha
+
+
+def test_a_rerun_with_a_call_log_asks_the_server_nothing_it_answered_before(stack, features, v2_server,
+                                                                            job_outputs):
+    """Issue 22, replay-safe V2 calls through flink run: the packaged batch job run twice over the same
+    topic with --remote-call-log (a compacted topic on the job's brokers). The first run's infer requests
+    at the server's door (a counting proxy) carry every row, several to a request; the second run, a
+    backfill of the same records, sends none, and writes the same outputs, answered from the log."""
+    from pyflink_aisp.chaos import FaultProxy
+
+    bootstrap = str(stack.status().bootstrap_servers)
+    infer = "/v2/models/intent_head/infer"
+    runs = []
+    with FaultProxy(v2_server.url) as proxy:
+        for out_topic in ("features-logged-1", "features-logged-2"):
+            create_topics(bootstrap, [out_topic, f"{out_topic}.dlq"])
+            before = proxy.requests(infer)
+            stdout, read = job_outputs(stack, "batch", (
+                "--bootstrap-servers", bootstrap, "--input-topic", "features", "--output-topic", out_topic,
+                "--remote-url", proxy.url, "--remote-model", "intent_head", "--remote-rows-per-request", "16",
+                "--feature-fields", "/embedding", "--id-field", "/tx", "--remote-call-log", "features-calls"),
+                {out_topic: N, f"{out_topic}.dlq": 2})
+            assert f": {N + 2} in, {N} out, 2 dead letters" in stdout
+            docs = {json.loads(m.value())["id"]: json.loads(m.value()) for m in read[out_topic]}
+            reasons = sorted(json.loads(m.value())["reason"] for m in read[f"{out_topic}.dlq"])
+            runs.append((proxy.requests(infer) - before, docs, reasons))
+    (first, docs, reasons), (second, again, reasons_again) = runs
+    assert first >= -(-N // 16) and second == 0, (first, second)
+    assert sorted(docs) == sorted(f"x{i}" for i in range(N)) and again == docs
+    assert reasons == reasons_again == ["inference_error", "missing_feature"]
+    want = _expected(features)
+    for i in range(N):
+        np.testing.assert_allclose(again[f"x{i}"]["probabilities"], want[i], atol=1e-5)
