@@ -188,6 +188,12 @@ class InferenceOptions(RemoteOptions):
     onnx_spin_wait: bool | None = opt(None, M, 'ONNX Runtime intra-op threads spin between runs (true: '
         'fastest back-to-back batches; false: leaves idle CPU to the JVMs; default: false with '
         "--latency-slo-ms, else ORT's default, true).", job_param='aisp.onnx.spin-wait', nullable=True)
+    onnx_profile_dir: Path | None = opt(None, M, "ONNX Runtime's profiler on the ONNX sentiment model: "
+        'each worker writes a trace of its first --onnx-profile-runs runs here (Chrome trace JSON: one '
+        "event per kernel, with the intra-op thread pool's run and wait times; bench/ort_profile_bench.py "
+        'reads them).', job_param='aisp.onnx.profile-dir', nullable=True)
+    onnx_profile_runs: int = opt(500, M, 'Runs each worker profiles with --onnx-profile-dir.', unit='runs',
+        job_param='aisp.onnx.profile-runs', minimum=1)
     encoder_onnx: Path | None = opt(None, M, 'A generic ONNX text encoder instead of the sentiment model: '
         'the job writes {"id", "embedding", "model_sha256"}.', job_param='aisp.encoder.onnx', nullable=True)
     encoder_tokenizer: Path | None = opt(None, M, 'tokenizer.json of --encoder-onnx.',

@@ -12,6 +12,7 @@ from pyflink_aisp.inference.handlers import (
     OnnxClassifierHandler,
     OnnxEncoderHandler,
     OnnxPredictorHandler,
+    OrtProfiling,
     SentimentHandler,
     TorchSentimentHandler,
 )
@@ -145,6 +146,13 @@ def torch_device_kwargs(options: InferenceOptions) -> dict[str, Any]:
             "memory_limit_bytes": options.gpu_mem_mib * 2**20 if leased else None}
 
 
+def _onnx_sentiment(options: InferenceOptions) -> bool:
+    """Whether the options name the ONNX sentiment model (no other model given)."""
+    others = (options.handler, options.remote_url, options.predictor, options.encoder_onnx,
+              options.classifier)
+    return all(x is None for x in others) and options.runtime is InferenceRuntime.ONNX
+
+
 def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
     """The handler the options name: the sentiment model on ONNX Runtime or PyTorch
     (``runtime``) on ``device``, the generic ONNX encoder of ``encoder_onnx`` +
@@ -156,6 +164,10 @@ def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
             directory or numeric model is not one.
         ConfigError: Bad encoder options, or a ``handler`` that cannot be built.
     """
+    if options.onnx_profile_dir is not None and not _onnx_sentiment(options):
+        raise ConfigError("--onnx-profile-dir profiles the ONNX sentiment model (the default model, "
+                          "--runtime onnx): not a remote, user, torch, encoder, classifier or predictor "
+                          "model")
     if options.handler is not None:
         return user_handler(options.handler, options.handler_kwargs())
     if options.remote_url is not None:
@@ -179,6 +191,8 @@ def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
         return TorchSentimentHandler(model_assets(options), device=options.resolved_device,
                                      intra_op_num_threads=threads, precision=options.precision.value,
                                      **torch_device_kwargs(options))
+    profiling = None if options.onnx_profile_dir is None else OrtProfiling(
+        directory=options.onnx_profile_dir.resolve(), runs=options.onnx_profile_runs)
     return SentimentHandler(model_assets(options), intra_op_num_threads=threads, providers=providers,
                             device_id=device_id, allow_spinning=options.effective_spin_wait,
-                            concurrent_runs=options.concurrent_runs)
+                            concurrent_runs=options.concurrent_runs, profiling=profiling)

@@ -28,6 +28,7 @@ from pyflink_aisp.inference.handlers._onnx_predictor import (
     PredictorModel,
     predictor_fields,
 )
+from pyflink_aisp.inference.handlers._onnx_profile import OrtProfiling, ProfiledRuns
 from pyflink_aisp.inference.handlers._onnx_runs import MAX_CONCURRENT_RUNS, run_threads
 from pyflink_aisp.inference.handlers._probe import SWAP_PROBE_TEXTS, check_probe_outputs
 from pyflink_aisp.inference.handlers._sentiment import SentimentHandler, SentimentPrediction
@@ -47,8 +48,10 @@ __all__ = [
     "OnnxEncoderModel",
     "OnnxPredictorHandler",
     "OnnxSentimentModel",
+    "OrtProfiling",
     "Pooling",
     "PredictorModel",
+    "ProfiledRuns",
     "ProviderSpec",
     "SentimentHandler",
     "SentimentPrediction",

@@ -47,6 +47,7 @@ import pyarrow as pa
 
 from pyflink_aisp.errors import ConfigError, ModelError, TokenizeError
 from pyflink_aisp.inference.handlers._onnx_binding import DeviceIO
+from pyflink_aisp.inference.handlers._onnx_profile import OrtProfiling, ProfiledRuns
 from pyflink_aisp.inference.handlers._onnx_runs import RunPool
 from pyflink_aisp.inference.handlers._onnx_trt import (
     DEFAULT_TRT_MAX_BATCH,
@@ -192,6 +193,10 @@ class OnnxSentimentModel:
             ``session.run`` on a thread of its own
             (:class:`~pyflink_aisp.inference.handlers._onnx_runs.RunPool`);
             1 (default): on the caller's thread. Without IO binding only (the CPU provider).
+        profiling: ONNX Runtime's profiler over the session's first runs
+            (:class:`~pyflink_aisp.inference.handlers._onnx_profile.OrtProfiling`; its
+            :class:`~pyflink_aisp.inference.handlers._onnx_profile.ProfiledRuns` is :attr:`profiled`);
+            None: not profiled.
 
     Raises:
         ConfigError: ``intra_op_num_threads`` or ``batch_size`` < 1, an
@@ -217,6 +222,7 @@ class OnnxSentimentModel:
         max_batch_size: int | None = None,
         precision: str = "fp32",
         concurrent_runs: int = 1,
+        profiling: OrtProfiling | None = None,
     ) -> None:
         if intra_op_num_threads is not None and intra_op_num_threads < 1:
             raise ConfigError(f"intra_op_num_threads must be >= 1 or None, got {intra_op_num_threads}")
@@ -245,16 +251,18 @@ class OnnxSentimentModel:
                 graph_input_shapes(assets.onnx_path), settings))
             self._max_rows = settings.max_batch_size
             _make_cache_dir(settings.cache_dir)
+        self._profile_prefix = None if profiling is None else profiling.file_prefix()
         self._session = self._open_session([n for n, _ in pairs], [dict(o) for _, o in pairs],
                                            intra_op_num_threads)
         self._io = DeviceIO(self._session, _OUTPUTS, self._device) if self._io_binding else None
+        self.profiled = None if profiling is None else ProfiledRuns(self._session, profiling.runs)
 
     def _open_session(
         self, names: list[str], options: list[dict[str, object]], intra_op_num_threads: int | None
     ) -> ort.InferenceSession:
         return open_session(self.assets.onnx_path, f"model {self.assets.sha256[:12]}",
                             list(zip(names, options, strict=True)), intra_op_num_threads=intra_op_num_threads,
-                            allow_spinning=self._allow_spinning)
+                            allow_spinning=self._allow_spinning, profile_prefix=self._profile_prefix)
 
     @property
     def model_version(self) -> str:
@@ -349,8 +357,11 @@ class OnnxSentimentModel:
         return self.runs.launch(self.predict_rows, tokens, rows)
 
     def close(self) -> None:
-        """Wait for the launched runs and stop their threads (idempotent)."""
+        """Wait for the launched runs and stop their threads, and end a profiling that runs
+        (idempotent)."""
         self.runs.close()
+        if self.profiled is not None:
+            self.profiled.close()
 
     def _run(self, inputs: Mapping[str, npt.NDArray[np.int64]]) -> list[npt.NDArray[np.float32]]:
         """One ``(batch, seq_len)`` batch → ``[embedding, score]`` host arrays.
@@ -361,8 +372,12 @@ class OnnxSentimentModel:
         as soon as this returns.
         """
         if self._io is None:
-            return list(self._session.run(_OUTPUTS, dict(inputs)))
-        return [np.asarray(array, dtype=np.float32) for array in self._io.run(inputs)]
+            outputs = list(self._session.run(_OUTPUTS, dict(inputs)))
+        else:
+            outputs = [np.asarray(array, dtype=np.float32) for array in self._io.run(inputs)]
+        if self.profiled is not None:
+            self.profiled.ran()
+        return outputs
 
 
 def _tensorrt_settings(
@@ -405,9 +420,11 @@ def open_session(
     *,
     intra_op_num_threads: int | None = None,
     allow_spinning: bool | None = None,
+    profile_prefix: str | None = None,
 ) -> ort.InferenceSession:
     """An ONNX Runtime session on exactly ``providers``: one inter-op thread, the given
-    intra-op threads and spinning (``session.intra_op.allow_spinning``, None: ORT's default).
+    intra-op threads and spinning (``session.intra_op.allow_spinning``, None: ORT's default),
+    profiled into ``profile_prefix``'s file when given (``enable_profiling``).
 
     Args:
         path: The ``.onnx`` file.
@@ -425,6 +442,9 @@ def open_session(
     if allow_spinning is not None:
         session_options.add_session_config_entry("session.intra_op.allow_spinning",
                                                  "1" if allow_spinning else "0")
+    if profile_prefix is not None:
+        session_options.enable_profiling = True
+        session_options.profile_file_prefix = profile_prefix
     names = [name for name, _ in providers]
     try:
         session = ort.InferenceSession(str(path), sess_options=session_options, providers=names,

@@ -20,6 +20,7 @@ from pyflink_aisp.inference.handlers._onnx import (
     normalize_providers,
     provider_device,
 )
+from pyflink_aisp.inference.handlers._onnx_profile import OrtProfiling
 from pyflink_aisp.inference.handlers._onnx_runs import MAX_CONCURRENT_RUNS, run_threads
 from pyflink_aisp.inference.handlers._probe import (
     SWAP_PROBE_TEXTS,
@@ -85,6 +86,8 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
             None, each run gets the worker host's physical cores / ``concurrent_runs``
             intra-op threads (at least 1; :func:`run_threads`, counted at load), so the runs
             share the cores instead of each taking all of them. 1: one batch at a time.
+        profiling: ONNX Runtime's profiler over each worker's first runs (see
+            :class:`~pyflink_aisp.inference.OnnxSentimentModel`); None: not profiled.
 
     Raises:
         ConfigError: Unknown provider name or a ``device_id`` that does not fit
@@ -101,6 +104,7 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
         device_id: int | None = None,
         allow_spinning: bool | None = None,
         concurrent_runs: int = 1,
+        profiling: OrtProfiling | None = None,
     ) -> None:
         if not 1 <= concurrent_runs <= MAX_CONCURRENT_RUNS:
             raise ConfigError(f"concurrent_runs must be in 1..{MAX_CONCURRENT_RUNS}, got {concurrent_runs}")
@@ -108,6 +112,7 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
         self._assets = assets
         self._threads = intra_op_num_threads
         self._allow_spinning = allow_spinning
+        self._profiling = profiling
         self._providers = normalize_providers(providers, device_id)
         self._device = provider_device(self._providers)
 
@@ -198,7 +203,7 @@ class SentimentHandler(TokenizedTextsMixin, ModelHandler[str, SentimentPredictio
         threads = self._threads if self._threads is not None else run_threads(self._runs)
         return OnnxSentimentModel(
             assets, intra_op_num_threads=threads, providers=self._providers, verify=False,
-            allow_spinning=self._allow_spinning, concurrent_runs=self._runs
+            allow_spinning=self._allow_spinning, concurrent_runs=self._runs, profiling=self._profiling
         )
 
     @property

@@ -193,6 +193,7 @@ def _non_default(tmp_path: Path) -> InferenceOptions:
         encoder_onnx=tmp_path / "e.onnx", encoder_tokenizer=tmp_path / "tokenizer.json",
         encoder_output="last_hidden_state", encoder_pooling=Pooling.CLS, encoder_normalize=True,
         stats_dir=tmp_path / "s", onnx_spin_wait=False, max_failure_rate=0.25, failure_window=40,
+        onnx_profile_dir=tmp_path / "prof", onnx_profile_runs=9,
         device="cuda", onnx_provider=GpuProvider.TENSORRT, gpu_affinity="http://127.0.0.1:7420",
         gpu_affinity_policy=AffinityPolicy.LOCAL, gpu_mem_mib=2048,
     )
@@ -350,6 +351,7 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.model.poll-interval-s": "2.0",
         "aisp.onnx.intra-op-threads": "0",
         "aisp.onnx.spin-wait": "none",
+        "aisp.onnx.profile-runs": "500",
         "aisp.encoder.output": "none",
         "aisp.encoder.pooling": "mean",
         "aisp.encoder.normalize": "false",
