@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import re
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 from _markdown import replace_section
 
-__all__ = ["machine", "settings", "write_all"]
+__all__ = ["machine", "model_and_reviews", "render_only", "settings", "write_all"]
 
 SECTION = "## Inference"
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +65,26 @@ def machine() -> str:
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, Linux {platform.release()}, Python "
             f"{platform.python_version()}, {_versions()}; 1-min load {os.getloadavg()[0]:.1f} at start")
+
+
+def render_only(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                render: Callable[[dict[str, Any]], str]) -> bool:
+    """With ``--render``: write ``--report`` from ``--out``'s results and say so (True); else False.
+    Exits through ``parser.error`` when ``--render`` has no ``--report``."""
+    if not args.render:
+        return False
+    if args.report is None:
+        parser.error("--render needs --report")
+    args.report.write_text(render(json.loads(args.out.read_text())), encoding="utf-8")
+    return True
+
+
+def model_and_reviews(count: int) -> tuple[Any, list[str]]:
+    """The built sentiment model's assets and the first ``count`` review texts (Rotten Tomatoes)."""
+    from pyflink_aisp.datasets import load_rotten_tomatoes
+    from pyflink_aisp.models import ensure_model_assets
+
+    return ensure_model_assets(), [r.text for r in load_rotten_tomatoes()][:count]
 
 
 def settings(args: argparse.Namespace, reviews: int, assets: Any) -> dict[str, Any]:

@@ -217,19 +217,12 @@ def main() -> int:
     p.add_argument("--report", type=Path, default=None, help="also write the markdown report here")
     p.add_argument("--render", action="store_true", help="only write --report from --out's results")
     a = p.parse_args()
-    if a.render:
-        if a.report is None:
-            p.error("--render needs --report")
-        a.report.write_text(render(json.loads(a.out.read_text())), encoding="utf-8")
+    if _report.render_only(p, a, render):
         return 0
 
     from _kafka_load import bench_broker
 
-    from pyflink_aisp.datasets import load_rotten_tomatoes
-    from pyflink_aisp.models import ensure_model_assets
-
-    assets = ensure_model_assets()
-    texts = [r.text for r in load_rotten_tomatoes()][: a.reviews]
+    assets, texts = _report.model_and_reviews(a.reviews)
     res: dict[str, Any] = {"machine": _report.machine(), "reviews": len(texts), "repeat": a.repeat,
                            "threads": a.threads,
                            "plain_batch_size": a.batch_size, "jobs": {}, "latency": {}}
