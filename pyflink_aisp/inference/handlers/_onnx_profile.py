@@ -11,8 +11,8 @@ is the time a parallel kernel spends on its slowest helper thread: what a helper
 preempted by another process's thread (a JVM's, on a small machine) costs the model.
 
 :class:`OrtProfiling` says where and for how many runs; :class:`ProfiledRuns` counts a
-session's runs and ends its profiling after them, so a long job writes a bounded file
-(about 175 KB a run of the sentiment model on the CPU).
+session's runs and ends its profiling after them, so a long job writes a bounded file (one event per
+kernel per run).
 """
 
 from __future__ import annotations
