@@ -19,8 +19,11 @@ case has no server and is timed between its first and last output. Cases, interl
   speaks HTTP only, so these and the REST rows beside them are also compared by their output span
   (first to last output's broker stamp) in a table of their own, and their requests are not counted
   (the same batcher cuts them, so as many as over REST);
-* ``Flink ML_PREDICT (flink-model-triton 2.3.0)``: ``_ml_predict_job.py`` on the same server (its
-  planning error is recorded where the provider refuses the model).
+* ``Flink ML_PREDICT (flink-model-triton 2.3.0)``: ``_ml_predict_job.py`` on the same server, async,
+  ``--ml-predict-concurrency`` requests in flight, with the three things it needs to run at all
+  (``_triton_provider.py``): the provider's two planning faults repaired in a subclass, the head
+  served a second time with its tensors named in capitals (``intent_head_caps``), and the proxy
+  dropping the ``/versions/latest`` segment KServe does not serve.
 
 Then embeddings of real reviews on an **OpenAI-compatible** server: llama.cpp's ``llama-server
 --embeddings`` (SmolLM2-135M, mean pooling, one slot: ``make servers``), a fresh one per run (it keeps the
@@ -55,6 +58,7 @@ import numpy as np
 from _kafka_load import bench_broker, collect_stamps, create_stamped_topics
 from _markdown import replace_section
 from _report import machine
+from _triton_provider import capitalized_model, provider_jar, without_version
 from task_bench import run_job
 
 from pyflink_aisp.chaos import FaultProxy
@@ -67,6 +71,7 @@ from pyflink_aisp.models import build_intent_head, build_minilm_encoder
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## Remote models"
 INFER = "/v2/models/intent_head/infer"
+CAPS_INFER = "/v2/models/intent_head_caps/infer"
 EMBED = "/v1/embeddings"
 ML_PREDICT_JOB = Path(__file__).resolve().parent / "_ml_predict_job.py"
 TRITON = "Flink ML_PREDICT (flink-model-triton 2.3.0)"
@@ -91,14 +96,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_ml_predict(bootstrap: str, topic: str, out: str, want: int, provider: str, endpoint: str,
-                   model: str, concurrency: int) -> dict[str, Any]:
+                   model: str, concurrency: int, jars: tuple[Path, ...] = ()) -> dict[str, Any]:
     """One ``_ml_predict_job.py`` run; records/s as :func:`task_bench.run_job` measures them, or
     ``{"error": ...}`` with the job's first ``Caused by`` line where Flink refused it."""
     create_stamped_topics(bootstrap, [out])
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, str(ML_PREDICT_JOB), "--provider", provider, "--bootstrap-servers",
                            bootstrap, "--input-topic", topic, "--output-topic", out, "--endpoint", endpoint,
-                           "--model", model, "--max-concurrent", str(concurrency)],
+                           "--model", model, "--max-concurrent", str(concurrency),
+                           *(arg for jar in jars for arg in ("--provider-jar", str(jar)))],
                           capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
@@ -140,7 +146,7 @@ def _table(rows: dict[str, list[dict[str, Any]]], base_name: str) -> list[str]:
 
 def _binding_table(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     """REST against gRPC at the same rows per request, each by its output span (the proxy does not see
-    gRPC), where the run has both."""
+    gRPC), where the run has both; and each against Flink's ML_PREDICT by the same measure, where it ran."""
     pairs = [(n, f"remote gRPC, {n.removeprefix('remote, ')}") for n in rows
              if n.startswith("remote, ") and f"remote gRPC, {n.removeprefix('remote, ')}" in rows]
     if not pairs:
@@ -149,15 +155,27 @@ def _binding_table(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     def span_rate(run: dict[str, Any]) -> float:
         return float(run["records"] / run.get("output_span_s", run["span_s"]))
 
+    flink = None if _refused(rows) else statistics.median(span_rate(x) for x in rows[TRITON])
     lines = ["The V2 REST and gRPC bindings side by side, each by its output span (first to last "
-             "output's broker stamp; the proxy does not see gRPC):", "",
-             "| rows per request | REST records/s | gRPC records/s | gRPC / REST |", "|---|---|---|---|"]
+             "output's broker stamp; the proxy does not see gRPC)"
+             + ("" if flink is None else f", and against {TRITON} by the same measure "
+                f"({flink:.0f} records/s)")
+             + ":", "",
+             "| rows per request | REST records/s | gRPC records/s | gRPC / REST |"
+             + ("" if flink is None else " REST / ML_PREDICT | gRPC / ML_PREDICT |"),
+             "|---|---|---|---|" + ("" if flink is None else "---|---|")]
     for rest, grpc in pairs:
         r = statistics.median(span_rate(x) for x in rows[rest])
         g = statistics.median(span_rate(x) for x in rows[grpc])
         lines.append(f"| {rest.removeprefix('remote, ').removesuffix(' rows per request')} | {r:.0f} | "
-                     f"{g:.0f} | {g / r:.2f}x |")
+                     f"{g:.0f} | {g / r:.2f}x |"
+                     + ("" if flink is None else f" {r / flink:.2f}x | {g / flink:.2f}x |"))
     return [*lines, ""]
+
+
+def _refused(rows: dict[str, list[dict[str, Any]]]) -> str | None:
+    """Flink's planning error for the triton case, if it refused the model (or did not run)."""
+    return rows.get(TRITON, [{"error": "not run"}])[0].get("error")
 
 
 def section(results: dict[str, Any]) -> str:
@@ -172,9 +190,19 @@ def section(results: dict[str, Any]) -> str:
              "first and the last output's stamp; server, broker and job share the machine; "
              f"{results['machine']}.", "",
              *_table({k: v for k, v in rows.items() if not k.startswith("remote gRPC")},
-                     "remote, 1 row per request"), ""]
+                     "remote, 1 row per request" if _refused(rows) else TRITON), ""]
     lines += _binding_table(rows)
-    refused = rows.get(TRITON, [{}])[0].get("error")
+    refused = _refused(rows)
+    if TRITON in rows and not refused:
+        lines += [f"{TRITON}: Flink's async ML_PREDICT, {results.get('ml_predict_concurrency', 10)} requests "
+                  "in flight, one row per request, at-least-once sink. As released it runs no model, so "
+                  "the bench gives it what it needs (`bench/_triton_provider.py`): its two planning "
+                  "faults (a schema check that passes only when the types differ, a non-serializable "
+                  "field in its function) repaired in a subclass whose requests, client and parsing stay "
+                  "Flink's; the head served again with its tensors named in capitals "
+                  "(`intent_head_caps`: the provider upper-cases the names it sends); and the proxy "
+                  "dropping the `/versions/latest` path segment the provider always sends and KServe "
+                  "answers with 501.", ""]
     if refused:
         lines += [f"{TRITON} refuses every model at planning, before any request: `{refused}` (its "
                   "single-column check in `AbstractTritonModelFunction` fails whatever the column's type; "
@@ -240,6 +268,8 @@ def v2_cases(bootstrap: str, folder: Path, reviews: list[str], args: argparse.Na
     """The V2 cases: in process, ours at 1 / 16 / 64 rows per request, Flink's ML_PREDICT."""
     build_minilm_encoder(folder / "minilm")
     head = build_intent_head(folder / "intent-head.onnx")
+    caps = capitalized_model(head, folder / "intent-head-caps.onnx")
+    triton_jar = provider_jar(folder)
     encoder = OnnxEncoderHandler(model_path=folder / "minilm" / "model.onnx",
                                  tokenizer_path=folder / "minilm" / "tokenizer.json",
                                  pooling=Pooling.NONE)
@@ -249,9 +279,10 @@ def v2_cases(bootstrap: str, folder: Path, reviews: list[str], args: argparse.Na
     create_stamped_topics(bootstrap, ["features"])
     assert ingest_records(bootstrap, "features", records, progress=False).delivered == len(records)
     grpc_port = find_free_port()
-    server = launch.kserve_server({"intent_head": head}, folder / "kserve.log", grpc_port=grpc_port)
+    server = launch.kserve_server({"intent_head": head, "intent_head_caps": caps}, folder / "kserve.log",
+                                  grpc_port=grpc_port)
     grpc = ("--remote-url", f"grpc://127.0.0.1:{grpc_port}", "--remote-model", "intent_head")
-    with server as url, FaultProxy(url) as proxy:
+    with server as url, FaultProxy(url, rewrite=without_version) as proxy:
         common = ("--feature-fields", "/embedding", "--id-field", "/tx")
         cases: dict[str, tuple[str, ...]] = {
             "in process": ("--predictor", str(head)),
@@ -263,11 +294,14 @@ def v2_cases(bootstrap: str, folder: Path, reviews: list[str], args: argparse.Na
         jobs: dict[str, list[dict[str, Any]]] = {name: [] for name in [*cases, TRITON]}
         for round_ in range(args.repeats):
             if round_ == 0 or "error" not in jobs[TRITON][0]:
-                before = proxy.requests(INFER)
+                before, since = proxy.requests(CAPS_INFER), time.time()
                 result = run_ml_predict(bootstrap, "features", f"mlp-{round_}", len(records),
-                                        "triton", f"{proxy.url}/v2/models", "intent_head",
-                                        args.ml_predict_concurrency)  # refused: no stamps to time
-                result["requests_per_record"] = (proxy.requests(INFER) - before) / len(records)
+                                        "triton", f"{proxy.url}/v2/models", "intent_head_caps",
+                                        args.ml_predict_concurrency, (triton_jar,))
+                if "error" not in result:  # refused: no stamps to time
+                    stamps = collect_stamps(bootstrap, f"mlp-{round_}", want=len(records), timeout_s=60)
+                    result = from_first_request(result, proxy, since, CAPS_INFER, stamps)
+                result["requests_per_record"] = (proxy.requests(CAPS_INFER) - before) / len(records)
                 print(f"round {round_ + 1} {TRITON}: {result.get('error') or result['records_per_s']}",
                       flush=True)
                 jobs[TRITON].append(result)
@@ -283,7 +317,8 @@ def v2_cases(bootstrap: str, folder: Path, reviews: list[str], args: argparse.Na
                     result["requests_per_record"] = (proxy.requests(INFER) - before) / len(records)
                 print(f"round {round_ + 1} {name}: {result['records_per_s']:.0f} records/s", flush=True)
                 jobs[name].append(result)
-    return {"records": len(records), "repeats": args.repeats, "jobs": jobs, "machine": machine()}
+    return {"records": len(records), "repeats": args.repeats, "jobs": jobs, "machine": machine(),
+            "ml_predict_concurrency": args.ml_predict_concurrency}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -72,8 +73,13 @@ class FaultProxy:
         arrivals: ``path -> wall-clock times (time.time(), s)`` of its requests, in arrival order.
     """
 
-    def __init__(self, upstream: str, faults: Faults | None = None) -> None:
+    def __init__(self, upstream: str, faults: Faults | None = None, *,
+                 rewrite: Callable[[str], str] | None = None) -> None:
+        """``upstream``: the server's base URL. ``rewrite``: request path → the path to count and
+        forward (a gateway's rewrite, e.g. dropping a V2 ``/versions/N`` segment for a server
+        that serves one version); None forwards paths as they come."""
         self.upstream = upstream.rstrip("/")
+        self._rewrite = rewrite
         self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self.arrivals: collections.defaultdict[str, list[float]] = collections.defaultdict(list)
         #: Per path, ``[start, end]`` wall-clock seconds of each request (end None while in flight).
@@ -151,6 +157,8 @@ class FaultProxy:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
+        if self._rewrite is not None:
+            scope = {**scope, "path": self._rewrite(scope["path"])}
         path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
         outcome = self._draw() if scope["path"].endswith(self._faults.path_suffix) else "forwarded"
         self.counts[(scope["path"], outcome)] += 1

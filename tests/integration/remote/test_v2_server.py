@@ -91,6 +91,22 @@ def test_a_body_that_is_not_the_protocols_is_a_remote_error_of_its_rows_and_not_
     assert proxy.requests(INFER) == 3
 
 
+def test_a_rewriting_proxy_forwards_and_counts_the_rewritten_path(v2_server, embeddings, local):
+    import httpx
+
+    drop = lambda path: path.replace("/versions/latest/infer", "/infer")  # noqa: E731
+    body = {"inputs": [{"name": "embedding", "shape": [2, 384], "datatype": "FP32",
+                        "data": embeddings[:2].ravel().tolist()}]}
+    with FaultProxy(v2_server[0]) as plain, FaultProxy(v2_server[0], rewrite=drop) as gateway:
+        versioned = "/v2/models/intent_head/versions/latest/infer"
+        assert httpx.post(f"{plain.url}{versioned}", json=body).status_code == 501
+        answer = httpx.post(f"{gateway.url}{versioned}", json=body)
+    assert answer.status_code == 200
+    labels = next(o for o in answer.json()["outputs"] if o["name"] == "label")["data"]
+    assert labels == [local[0]["label"], local[1]["label"]]
+    assert gateway.requests(INFER) == 1 and gateway.requests("/versions/latest/infer") == 0
+
+
 def test_answers_past_the_deadline_are_remote_timeouts(run_handler, v2_server, embeddings):
     with FaultProxy(v2_server[0]) as proxy:
         handler = V2PredictorHandler(url=proxy.url, model="intent_head", rows_per_request=10,
