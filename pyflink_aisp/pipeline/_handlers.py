@@ -114,7 +114,7 @@ def remote_handler(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
         # a job without --feature-fields reads each record's text; a registry entry (task predict) vectors
         texts = hasattr(options, "feature_fields") and not options.feature_fields
         return V2PredictorHandler(version=options.remote_model_version, rows_per_request=rows, texts=texts,
-                                  **endpoint)
+                                  binary=options.remote_v2_binary, **endpoint)
     if api is RemoteApi.OPENAI_EMBEDDINGS:
         return OpenAIEmbeddingHandler(rows_per_request=rows, **endpoint)
     # a job's --prompt-fields (their placeholder names); a SQL function's options have none

@@ -77,6 +77,9 @@ class RemoteOptions:
     remote_rows_per_request: int = opt(64, M, 'Most records in one request (one V2 tensor; texts of one '
         'embeddings or completions request).',
         unit='records', job_param='aisp.remote.rows-per-request', minimum=1)
+    remote_v2_binary: bool = opt(False, M, "V2 over REST: send each request's tensor in the binary tensor "
+        'data extension (raw little-endian bytes after a JSON header; Triton, KServe), not as a JSON list '
+        'of numbers; numeric models only.', job_param='aisp.remote.v2-binary')
     remote_max_concurrency: int = opt(64, M, 'Most requests in flight per worker: the adaptive limit '
         '(AIMD) grows towards it while answers come and halves on 429 / 503 / timeouts.',
         unit='requests', job_param='aisp.remote.max-concurrency', minimum=1)

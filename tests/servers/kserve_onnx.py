@@ -3,15 +3,19 @@ over the Open Inference Protocol v2, REST and gRPC: what a user deploys as a KSe
 Python predictor. Runs in its own virtual environment (``tests/servers/install.sh``), not
 the job's: KServe pins other grpcio / protobuf versions than PyFlink.
 
-    python kserve_onnx.py --http_port 8080 --grpc_port 8081 --onnx NAME=PATH [--onnx NAME=PATH ...]
+    python kserve_onnx.py --http_port 8080 --grpc_port 8081 --onnx NAME=PATH [--onnx NAME=PATH ...] \
+        [--any-version]
 
 Each model takes its graph's inputs and returns every graph output, with the metadata
-(``GET /v2/models/NAME``) read from the graph.
+(``GET /v2/models/NAME``) read from the graph. KServe serves one version of a model and answers
+``501`` to a versioned path; ``--any-version`` answers ``POST /v2/models/NAME/versions/V/infer`` as
+``/v2/models/NAME/infer`` (a client that always names a version, as Flink's ``triton`` provider does).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 
 import numpy as np
 import onnxruntime as ort
@@ -65,9 +69,23 @@ class OnnxModel(Model):
         return InferResponse(response_id=payload.id or "", model_name=self.name, infer_outputs=outputs)
 
 
+class AnyVersion:
+    """ASGI middleware: ``/v2/models/M/versions/V/infer`` → ``/v2/models/M/infer``."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and "/versions/" in scope["path"]:
+            path = re.sub(r"^(/v2/models/[^/]+)/versions/[^/]+/infer$", r"\1/infer", scope["path"])
+            scope = {**scope, "path": path, "raw_path": path.encode()}
+        await self.app(scope, receive, send)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--onnx", action="append", required=True, metavar="NAME=PATH")
+    parser.add_argument("--any-version", action="store_true", help="answer a versioned infer path too")
     args, _ = parser.parse_known_args()  # the rest are KServe's own (--http_port, --grpc_port, ...)
     models = []
     for spec in args.onnx:
@@ -75,6 +93,10 @@ def main() -> None:
         model = OnnxModel(name, path)
         model.load()
         models.append(model)
+    if args.any_version:
+        from kserve import model_server
+
+        model_server.app.add_middleware(AnyVersion)
     ModelServer().start(models)
 
 

@@ -27,9 +27,10 @@ def kserve_python() -> Path:
 
 @contextlib.contextmanager
 def kserve_server(models: dict[str, Path], log_path: Path, *, timeout_s: float = 90.0,
-                  grpc_port: int | None = None) -> Iterator[str]:
+                  grpc_port: int | None = None, any_version: bool = False) -> Iterator[str]:
     """Serve ``{name: onnx file}`` over the Open Inference Protocol v2, REST and gRPC (on
-    ``grpc_port``, default a free port); yields the REST base URL.
+    ``grpc_port``, default a free port); yields the REST base URL. ``any_version``: answer a
+    versioned infer path as the unversioned one (``kserve_onnx.py --any-version``).
 
     Raises:
         FileNotFoundError: No servers venv (run ``make servers``).
@@ -42,7 +43,8 @@ def kserve_server(models: dict[str, Path], log_path: Path, *, timeout_s: float =
     specs = [arg for name, path in models.items() for arg in ("--onnx", f"{name}={path}")]
     url = f"http://127.0.0.1:{http_port}"
     with _serve([str(python), str(HERE / "kserve_onnx.py"), "--http_port", str(http_port), "--grpc_port",
-                 str(grpc_port), "--workers", "1", *specs], f"{url}/v2/health/ready", log_path, timeout_s,
+                 str(grpc_port), "--workers", "1", *specs, *(["--any-version"] if any_version else [])],
+                f"{url}/v2/health/ready", log_path, timeout_s,
                 "the KServe server"):
         yield url
 

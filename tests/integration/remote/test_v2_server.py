@@ -50,6 +50,15 @@ def test_the_served_model_answers_as_the_graph_in_process_several_rows_per_reque
     assert proxy.counts[("/v2/models/intent_head", "forwarded")] == 2  # the job's client and the worker
 
 
+def test_the_binary_tensor_extension_answers_as_the_json_lists(run_handler, v2_server, embeddings, local):
+    with FaultProxy(v2_server[0]) as proxy:
+        handler = V2PredictorHandler(url=proxy.url, model="intent_head", rows_per_request=16, binary=True)
+        out, session = run_handler(handler, embeddings, batch=100)
+    for got, want in zip(out, local, strict=True):
+        _same(got, want)
+    assert proxy.requests(INFER) == 6 * math.ceil(100 / 16) == session.stats.requests
+
+
 def test_a_fixed_request_rate_spaces_the_requests_the_server_sees(run_handler, v2_server, embeddings, local):
     started = time.time()
     with FaultProxy(v2_server[0]) as proxy:
@@ -105,6 +114,29 @@ def test_a_rewriting_proxy_forwards_and_counts_the_rewritten_path(v2_server, emb
     labels = next(o for o in answer.json()["outputs"] if o["name"] == "label")["data"]
     assert labels == [local[0]["label"], local[1]["label"]]
     assert gateway.requests(INFER) == 1 and gateway.requests("/versions/latest/infer") == 0
+
+
+def test_the_test_server_answers_a_versioned_path_when_told_to(v2_server, embeddings, local, tmp_path):
+    """``kserve_onnx.py --any-version`` (what the bench's Flink ML_PREDICT, which always names a version,
+    is served by): the versioned infer path answers as the plain one."""
+    import sys
+    from pathlib import Path
+
+    import httpx
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "servers"))
+    try:
+        import launch
+    finally:
+        sys.path.pop(0)
+    body = {"inputs": [{"name": "embedding", "shape": [2, 384], "datatype": "FP32",
+                        "data": embeddings[:2].ravel().tolist()}]}
+    server = launch.kserve_server({"intent_head": v2_server[1]}, tmp_path / "kserve.log", any_version=True)
+    with server as url:
+        answer = httpx.post(f"{url}/v2/models/intent_head/versions/latest/infer", json=body)
+    assert answer.status_code == 200
+    labels = next(o for o in answer.json()["outputs"] if o["name"] == "label")["data"]
+    assert labels == [local[0]["label"], local[1]["label"]]
 
 
 def test_answers_past_the_deadline_are_remote_timeouts(run_handler, v2_server, embeddings):

@@ -234,7 +234,7 @@ def test_the_remote_job_parameters_round_trip(tmp_path: Path) -> None:
         remote_url="https://models.example:8443", remote_model="fraud", remote_model_version="3",
         remote_api_key_env="FRAUD_KEY", remote_ca_file=tmp_path / "ca.pem", remote_rows_per_request=7,
         remote_max_concurrency=9, remote_deadline_s=12.5, remote_request_timeout_s=2.5,
-        remote_max_requests_per_s=2.5)
+        remote_max_requests_per_s=2.5, remote_v2_binary=True)
     params = options.job_parameters()
     assert {k: v for k, v in params.items() if k.startswith("aisp.remote.")} == {
         "aisp.remote.url": "https://models.example:8443", "aisp.remote.model": "fraud",
@@ -243,7 +243,8 @@ def test_the_remote_job_parameters_round_trip(tmp_path: Path) -> None:
         "aisp.remote.max-concurrency": "9", "aisp.remote.deadline-s": "12.5",
         "aisp.remote.request-timeout-s": "2.5", "aisp.remote.api": "v2",
         "aisp.remote.max-requests-per-s": "2.5", "aisp.remote.max-tokens-per-min": "none",
-        "aisp.remote.call-log": "none", "aisp.remote.call-log-servers": "none"}
+        "aisp.remote.call-log": "none", "aisp.remote.call-log-servers": "none",
+        "aisp.remote.v2-binary": "true"}
     assert InferenceOptions.from_job_parameters(get_from(params)) == options
 
 
@@ -363,6 +364,7 @@ def test_default_job_parameters_round_trip_and_leave_unset_paths_out() -> None:
         "aisp.remote.model-version": "none",
         "aisp.remote.api-key-env": "none",
         "aisp.remote.rows-per-request": "64",
+        "aisp.remote.v2-binary": "false",
         "aisp.remote.max-concurrency": "64",
         "aisp.remote.max-requests-per-s": "none",
         "aisp.remote.max-tokens-per-min": "none",

@@ -48,8 +48,8 @@ from pyflink_aisp.errors import ConfigError, PromptTooLongError, RemoteError, Re
 from pyflink_aisp.inference.handlers.remote._limit import AimdLimiter, LimiterConfig
 from pyflink_aisp.inference.handlers.remote._wire import BODY_CHARS, NoAnswer, Reply, Sender
 
-__all__ = ["GRPC_SCHEMES", "RETRYABLE_STATUSES", "RemoteEndpoint", "RemoteSession", "check_base_url",
-           "context_overflow", "path_segment", "retry_after_seconds"]
+__all__ = ["GRPC_SCHEMES", "RETRYABLE_STATUSES", "RawBody", "RemoteEndpoint", "RemoteSession",
+           "check_base_url", "context_overflow", "path_segment", "retry_after_seconds"]
 
 #: Statuses worth another try: request timeout, too early, too many requests, bad gateway,
 #: service unavailable, gateway timeout (RFC 9110 §15; 425 and 429: RFC 8470, RFC 6585).
@@ -338,8 +338,18 @@ class _HttpReply:
         return _json_of(self.response, self.path)
 
 
+@dataclass(frozen=True)
+class RawBody:
+    """A request body sent as it is (``content``, with ``headers`` added to the client's), not as
+    JSON: e.g. a V2 request in the binary tensor data extension."""
+
+    content: bytes
+    headers: dict[str, str]
+
+
 class _HttpSender:
-    """POSTs JSON bodies over an ``httpx.AsyncClient`` (the worker's connection pool)."""
+    """POSTs JSON bodies (or a :class:`RawBody` as it is) over an ``httpx.AsyncClient`` (the worker's
+    connection pool)."""
 
     def __init__(self, endpoint: RemoteEndpoint, headers: dict[str, str],
                  transport: httpx.AsyncBaseTransport | None) -> None:
@@ -354,7 +364,12 @@ class _HttpSender:
 
     async def send(self, path: str, body: Any, timeout_s: float) -> Reply:
         try:
-            return _HttpReply(await self._client.post(path, json=body, timeout=timeout_s), path)
+            if isinstance(body, RawBody):
+                response = await self._client.post(path, content=body.content, headers=body.headers,
+                                                   timeout=timeout_s)
+            else:
+                response = await self._client.post(path, json=body, timeout=timeout_s)
+            return _HttpReply(response, path)
         except httpx.TimeoutException as exc:
             raise NoAnswer(f"timed out after {timeout_s:.2f} s ({type(exc).__name__})",
                            timed_out=True) from None

@@ -37,6 +37,12 @@ tensor's name and datatype, the row's data, the outputs asked for) is a key of a
 that keeps its answer or final failure, so a row replayed after a failover is answered from
 there instead of the server, and its deadline counts from its first attempt across restarts.
 
+With ``binary=True`` a REST request carries its numeric tensor in the binary tensor data extension
+(Triton's, https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_binary_data.md,
+also served by KServe): a JSON header whose input names ``binary_data_size``, then the tensor's raw
+little-endian bytes, its length in the ``Inference-Header-Content-Length`` header. The server then
+parses no list of numbers; the answer stays JSON.
+
 A ``grpc://host:port`` (``grpcs://``: TLS) URL speaks the protocol's gRPC binding instead
 (:mod:`._grpc_v2`): the same metadata, tensors and outputs, as protobuf messages on one
 HTTP/2 channel per worker, with the same retries, limits and dead letters.
@@ -44,6 +50,7 @@ HTTP/2 channel per worker, with the same retries, limits and dead letters.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -56,7 +63,12 @@ from pyflink_aisp.errors import ConfigError, ModelError, RemoteError
 from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
 from pyflink_aisp.inference.handlers._onnx_predictor import output_field_name
 from pyflink_aisp.inference.handlers.remote._call_log import CallLog, CallLogConfig, answer_with_log, call_key
-from pyflink_aisp.inference.handlers.remote._client import RemoteEndpoint, RemoteSession, path_segment
+from pyflink_aisp.inference.handlers.remote._client import (
+    RawBody,
+    RemoteEndpoint,
+    RemoteSession,
+    path_segment,
+)
 from pyflink_aisp.inference.handlers.remote._grpc_v2 import GrpcV2Sender, infer_request, model_metadata
 from pyflink_aisp.inference.tasks import OutputField, PredictionTask, SqlType
 
@@ -187,16 +199,20 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
         version: A model version, or None for the server's choice.
         rows_per_request: Most rows in one request's tensor (>= 1).
         texts: The model takes the records' texts (one ``BYTES`` input), not feature vectors.
+        binary: Send each REST request's tensor in the binary tensor data extension (numeric
+            models over REST only).
         call_log: A Kafka topic that keeps each row's answer across failovers, or None.
         api_key_env / api_key_file / ca_file / request_timeout_s / deadline_s / max_attempts /
         concurrency: As :class:`~pyflink_aisp.inference.handlers.remote.RemoteEndpoint`.
 
     Raises:
-        ConfigError: A bad URL, timing, key source or ``rows_per_request``.
+        ConfigError: A bad URL, timing, key source or ``rows_per_request``; ``binary`` with a text
+            model or a gRPC URL.
     """
 
     def __init__(self, *, url: str, model: str, version: str | None = None, rows_per_request: int = 64,
-                 texts: bool = False, call_log: CallLogConfig | None = None, **endpoint: Any) -> None:
+                 texts: bool = False, binary: bool = False, call_log: CallLogConfig | None = None,
+                 **endpoint: Any) -> None:
         self._segments = (path_segment("model name", model),
                           None if version is None else path_segment("model version", version))
         if rows_per_request < 1:
@@ -204,6 +220,10 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
         self.endpoint = RemoteEndpoint(url=url, **endpoint)
         self.model, self.version, self.rows_per_request = model, version, rows_per_request
         self.texts = texts
+        if binary and (texts or self.endpoint.is_grpc):
+            raise ConfigError("the V2 binary tensor extension is for numeric models over REST: "
+                              f"{'a text model' if texts else 'gRPC sends raw tensor contents already'}")
+        self.binary = binary
         self.call_log = call_log
         self._plan: _Plan | None = None
 
@@ -316,7 +336,8 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
         names = [name for name, _ in plan.outputs]
         grpc = self.endpoint.is_grpc
         bodies = [(f"{self._path}/infer", infer_request(self.model, self.version, plan.input_name,
-                                                        plan.datatype, part, names) if grpc else {
+                                                        plan.datatype, part, names) if grpc else
+                   _binary_body(plan, part, names) if self.binary else {
             "inputs": [{"name": plan.input_name, "shape": list(part.shape), "datatype": plan.datatype,
                         "data": part.ravel().tolist()}],
             "outputs": [{"name": name} for name in names]}) for part in parts]
@@ -341,6 +362,18 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
         if self.texts:
             return sum(len(x.encode("utf-8")) if isinstance(x, str) else 0 for x in batch)
         return sum(4 * len(x) for x in batch)
+
+
+def _binary_body(plan: _Plan, part: npt.NDArray[Any], names: list[str]) -> RawBody:
+    """One request in the binary tensor data extension: the JSON header, then ``part``'s bytes
+    (row-major, little-endian)."""
+    data = np.ascontiguousarray(part, dtype=part.dtype.newbyteorder("<")).tobytes()
+    header = json.dumps({
+        "inputs": [{"name": plan.input_name, "shape": list(part.shape), "datatype": plan.datatype,
+                    "parameters": {"binary_data_size": len(data)}}],
+        "outputs": [{"name": name} for name in names]}, separators=(",", ":")).encode()
+    return RawBody(header + data, {"Inference-Header-Content-Length": str(len(header)),
+                                   "Content-Type": "application/octet-stream"})
 
 
 def _rows(model: str, plan: _Plan, answer: Any, k: int) -> list[dict[str, Any]]:

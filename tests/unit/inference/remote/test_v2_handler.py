@@ -77,6 +77,41 @@ def test_a_batch_goes_as_tensors_of_rows_per_request_in_order() -> None:
     np.testing.assert_allclose(np.stack([p["probabilities"] for p in out])[:, 1], x[:, 0] / 10, rtol=1e-6)
 
 
+def test_the_binary_extension_sends_a_json_header_then_the_tensors_little_endian_bytes() -> None:
+    handler = V2PredictorHandler(url="http://s", model="risk", rows_per_request=4, binary=True)
+    seen: list = []
+    json_server = _server([])
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        length = int(request.headers["inference-header-content-length"])
+        header, raw = json.loads(request.content[:length]), request.content[length:]
+        seen.append((request.headers["content-type"], header, raw))
+        [tensor] = header["inputs"]
+        data = np.frombuffer(raw, dtype="<f4").reshape(tensor["shape"])
+        as_json = {"inputs": [{**tensor, "data": data.ravel().tolist()}]}  # as the JSON server answers it
+        return json_server(httpx.Request("POST", request.url, json=as_json))
+
+    model = _model(handler, answer)
+    try:
+        x = np.arange(30, dtype=np.float32).reshape(10, 3) / 3
+        out = handler.run_inference(list(x), model)
+    finally:
+        handler.release_model(model)
+    assert [h["inputs"][0]["shape"] for _, h, _ in seen] == [[4, 3], [4, 3], [2, 3]]
+    sizes = [{"binary_data_size": n * 3 * 4} for n in (4, 4, 2)]
+    assert [h["inputs"][0]["parameters"] for _, h, _ in seen] == sizes
+    assert all(ctype == "application/octet-stream" and "data" not in h["inputs"][0] for ctype, h, _ in seen)
+    assert b"".join(raw for _, _, raw in seen) == x.astype("<f4").tobytes()
+    np.testing.assert_allclose([p["variable"] for p in out], x.sum(axis=1), rtol=1e-6)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"texts": True}, "a text model"), ({"url": "grpc://s:8001"}, "gRPC sends raw tensor contents")])
+def test_the_binary_extension_is_for_numeric_models_over_rest(kwargs, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        V2PredictorHandler(**{"url": "http://s", "model": "risk", "binary": True, **kwargs})
+
+
 def test_a_refused_request_fails_its_rows_alone_and_is_not_sent_again() -> None:
     handler = V2PredictorHandler(url="http://s", model="risk", rows_per_request=2)
     requests: list = []
