@@ -110,6 +110,29 @@ def _reject_constant(name: str) -> Any:
     raise DecodeError(Reason.INVALID_JSON.value, f"{name} is not a JSON number (RFC 8259 section 6)")
 
 
+_NESTED = (float, list, dict)
+
+
+def _any_infinite(value: Any) -> bool:
+    """Whether a parsed JSON value holds an infinite float: a number that overflowed a double (the
+    constants ``Infinity`` and ``NaN`` are refused while parsing). A list of numbers is one C pass."""
+    if isinstance(value, float):
+        return math.isinf(value)
+    if isinstance(value, list):
+        try:
+            return bool(value) and math.isinf(max(map(abs, value)))
+        except TypeError:  # not all numbers
+            pass
+    elif isinstance(value, dict):
+        value = value.values()
+    else:
+        return False
+    for item in value:
+        if isinstance(item, _NESTED) and _any_infinite(item):
+            return True
+    return False
+
+
 def _finite_float(text: str) -> float:
     number = float(text)
     if math.isinf(number):
@@ -144,8 +167,14 @@ def _parse(value: bytes | None) -> dict[str, Any]:
     if decoded.startswith(_BOM):
         decoded = decoded[1:]
     try:
-        obj = json.loads(decoded, parse_constant=_reject_constant, parse_float=_finite_float,
-                         object_pairs_hook=_unique_object)
+        try:  # floats parsed natively (in C); only a document that holds an overflow pays the hook
+            obj = json.loads(decoded, parse_constant=_reject_constant, object_pairs_hook=_unique_object)
+            checked = not _any_infinite(obj)
+        except (DecodeError, RecursionError):  # the first fault in document order, as the hook finds it
+            checked = False
+        if not checked:
+            obj = json.loads(decoded, parse_constant=_reject_constant, parse_float=_finite_float,
+                             object_pairs_hook=_unique_object)
     except DecodeError:
         raise
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, int digit limit, deep nesting
@@ -317,6 +346,9 @@ def _prompt_values(obj: dict[str, Any], mapping: FieldMapping) -> tuple[tuple[st
     return tuple(out)
 
 
+_NUMBER_TYPES = {int, float}
+
+
 def _number(pointer: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise DecodeError(Reason.BAD_FEATURE.value, f"'{pointer}' is {type(value).__name__}, not a number")
@@ -336,7 +368,9 @@ def _features(obj: dict[str, Any], mapping: FieldMapping) -> tuple[float, ...]:
         return (_number(pointer, value),)
     if not value:
         raise DecodeError(Reason.BAD_FEATURE.value, f"'{pointer}' is an empty array")
-    return tuple(_number(f"{pointer}/{i}", v) for i, v in enumerate(value))
+    if set(map(type, value)) <= _NUMBER_TYPES:  # every element an int or a float (a bool is neither)
+        return tuple(map(float, value))
+    return tuple(_number(f"{pointer}/{i}", v) for i, v in enumerate(value))  # names the first that is not
 
 
 def _decode_raw(value: bytes | None, source: KafkaCoordinates) -> DecodedRecord:

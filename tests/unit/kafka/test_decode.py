@@ -156,6 +156,24 @@ def test_numbers_that_are_not_json_or_not_finite_are_invalid_json(value, detail)
     assert (out.reason, out.detail, out.value) == (Reason.INVALID_JSON, detail, value)
 
 
+@pytest.mark.parametrize(("value", "number"), [
+    (b'{"text": "x", "vector": [0.5, -1, 2.5e400, 3]}', "2.5e400"),  # a list of numbers: one C pass
+    (b'{"text": "x", "rows": [{"a": "s", "b": [1, {"c": -7E+308}]}]}', "-7E+308"),  # nested, mixed
+    (b'{"text": "x", "big": 1' + b"0" * 309 + b'.5}', "1" + "0" * 39),  # 310 integer digits
+])
+def test_an_overflow_anywhere_in_the_document_is_invalid_json(value, number):
+    out = decode_review(value, SRC)
+    assert isinstance(out, DeadLettered) and out.reason is Reason.INVALID_JSON
+    assert out.detail == f"number {number} overflows a double (IEEE 754 binary64)"
+
+
+def test_the_first_fault_in_document_order_names_the_dead_letter():
+    overflow_first = decode_review(b'{"text": "x", "n": 1e999, "m": {"k": 1, "k": 2}}', SRC)
+    duplicate_first = decode_review(b'{"text": "x", "m": {"k": 1, "k": 2}, "n": 1e999}', SRC)
+    assert isinstance(overflow_first, DeadLettered) and isinstance(duplicate_first, DeadLettered)
+    assert (overflow_first.reason, duplicate_first.reason) == (Reason.INVALID_JSON, Reason.DUPLICATE_KEY)
+
+
 def test_finite_floats_and_big_exponents_that_fit_still_decode():
     out = decode_review(b'{"text": "x", "label": 1.5e308}', SRC)
     assert out == DecodedRecord(id="reviews/2/41", text="x", label=1.5e308)
