@@ -188,8 +188,12 @@ class FaultProxy:
         content = response.content
         if outcome == "truncated":
             content = content[: len(content) // 2]
-        await _answer(send, response.status_code, content,
-                      [(b"content-type", response.headers.get("content-type", "application/json").encode())])
+        headers = [(k.encode(), v.encode()) for k, v in response.headers.items() if k.lower() not in _HOP]
+        await _answer(send, response.status_code, content, headers)
+
+
+#: Response headers the proxy does not pass on: its own framing (it sends the body whole, decoded).
+_HOP = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"})
 
 
 async def _answer(send: Any, status: int, body: bytes,

@@ -66,7 +66,10 @@ class OnnxModel(Model):
             out.set_data_from_numpy(value.astype(object) if arg.type == "tensor(string)" else value,
                                     binary_data=False)
             outputs.append(out)
-        return InferResponse(response_id=payload.id or "", model_name=self.name, infer_outputs=outputs)
+        # the outputs asked for, binary where asked (the binary tensor data extension), as KServe's own do
+        return InferResponse(response_id=payload.id or "", model_name=self.name, infer_outputs=outputs,
+                             requested_outputs=payload.request_outputs or None,
+                             use_binary_outputs=payload.use_binary_outputs)
 
 
 class AnyVersion:

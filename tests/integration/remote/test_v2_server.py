@@ -57,6 +57,17 @@ def test_the_binary_tensor_extension_answers_as_the_json_lists(run_handler, v2_s
     for got, want in zip(out, local, strict=True):
         _same(got, want)
     assert proxy.requests(INFER) == 6 * math.ceil(100 / 16) == session.stats.requests
+    # the server answered in the extension too: the outputs' bytes after a JSON header
+    import httpx
+
+    from pyflink_aisp.inference.handlers.remote._v2 import _binary_body
+
+    body = _binary_body(handler.check(), embeddings[:3], ["label", "probabilities"])
+    answer = httpx.post(f"{v2_server[0]}{INFER}", content=body.content, headers=body.headers)
+    length = int(answer.headers["inference-header-content-length"])
+    header = json.loads(answer.content[:length])
+    assert [o["parameters"]["binary_data_size"] for o in header["outputs"]] == [
+        sum(4 + len(row["label"].encode()) for row in local[:3]), 3 * 157 * 4]
 
 
 def test_a_fixed_request_rate_spaces_the_requests_the_server_sees(run_handler, v2_server, embeddings, local):

@@ -46,6 +46,7 @@ import httpx
 
 from pyflink_aisp.errors import ConfigError, PromptTooLongError, RemoteError, RemoteTimeoutError
 from pyflink_aisp.inference.handlers.remote._limit import AimdLimiter, LimiterConfig
+from pyflink_aisp.inference.handlers.remote._v2_raw import binary_answer
 from pyflink_aisp.inference.handlers.remote._wire import BODY_CHARS, NoAnswer, Reply, Sender
 
 __all__ = ["GRPC_SCHEMES", "RETRYABLE_STATUSES", "RawBody", "RemoteEndpoint", "RemoteSession",
@@ -309,8 +310,13 @@ def _json_of(response: httpx.Response, path: str) -> Any:
         text = response.text
         error = PromptTooLongError if context_overflow(response.status_code, text) else RemoteError
         raise error(f"{path}: HTTP {response.status_code}: {text[:BODY_CHARS]}", response.status_code)
+    length = response.headers.get("inference-header-content-length")
     try:
+        if length is not None:  # the V2 binary tensor data extension
+            return binary_answer(response.content, int(length))
         return response.json()
+    except RemoteError as exc:
+        raise RemoteError(f"{path}: HTTP {response.status_code}: {exc}", response.status_code) from None
     except ValueError:
         raise RemoteError(f"{path}: HTTP {response.status_code} with a body that is not JSON: "
                           f"{response.text[:BODY_CHARS]!r}", response.status_code) from None

@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from pyflink_aisp.errors import RemoteError
 from pyflink_aisp.inference.handlers.remote._client import RemoteEndpoint, _redact, retry_after_seconds
+from pyflink_aisp.inference.handlers.remote._v2_raw import RAW_DTYPES, raw_values
 from pyflink_aisp.inference.handlers.remote._wire import BODY_CHARS, NoAnswer, Reply
 from pyflink_aisp.inference.handlers.remote.proto import grpc_predict_v2_pb2 as pb
 from pyflink_aisp.inference.handlers.remote.proto import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -55,9 +56,6 @@ _NO_SERVER = ("failed to connect", "connection refused", "connection reset", "so
 #: Largest message either way, in bytes (gRPC's default receive limit is 4 MiB).
 _MAX_MESSAGE = 256 * 1024 * 1024
 _OPTIONS = [("grpc.max_receive_message_length", _MAX_MESSAGE), ("grpc.max_send_message_length", _MAX_MESSAGE)]
-#: V2 datatype → the little-endian numpy dtype of its raw contents.
-_RAW = {"BOOL": "?", "INT8": "<i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8", "UINT8": "<u1",
-        "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8", "FP16": "<f2", "FP32": "<f4", "FP64": "<f8"}
 #: V2 datatype → the InferTensorContents field holding it (FP16 has none: raw only).
 _TYPED = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
           "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
@@ -94,29 +92,11 @@ def infer_request(model: str, version: str | None, input_name: str, datatype: st
         encoded = [str(s).encode("utf-8") for s in matrix.ravel()]
         raw = b"".join(len(e).to_bytes(4, "little") + e for e in encoded)
     else:
-        raw = np.ascontiguousarray(matrix, dtype=_RAW[datatype]).tobytes()
+        raw = np.ascontiguousarray(matrix, dtype=RAW_DTYPES[datatype]).tobytes()
     request.raw_input_contents.append(raw)
     for name in output_names:
         request.outputs.add(name=name)
     return request
-
-
-def _bytes_elements(raw: bytes) -> list[str]:
-    """A raw BYTES tensor: each element a 4-byte little-endian length and that many bytes.
-
-    Raises:
-        RemoteError: The lengths run past the end.
-    """
-    out, i = [], 0
-    while i < len(raw):
-        if i + 4 > len(raw):
-            raise RemoteError("a raw BYTES output ends inside an element's length")
-        n = int.from_bytes(raw[i:i + 4], "little")
-        if i + 4 + n > len(raw):
-            raise RemoteError("a raw BYTES output's element runs past its end")
-        out.append(raw[i + 4:i + 4 + n].decode("utf-8", errors="replace"))
-        i += 4 + n
-    return out
 
 
 def answer_json(response: Any) -> dict[str, Any]:
@@ -131,12 +111,7 @@ def answer_json(response: Any) -> dict[str, Any]:
     outputs = []
     for i, out in enumerate(response.outputs):
         if raw:
-            if out.datatype == "BYTES":
-                data: list[Any] = _bytes_elements(raw[i])
-            elif out.datatype in _RAW:
-                data = np.frombuffer(raw[i], dtype=_RAW[out.datatype]).tolist()
-            else:
-                raise RemoteError(f"output {out.name!r} has the unknown datatype {out.datatype!r}")
+            data: list[Any] = raw_values(out.name, out.datatype, raw[i])
         else:
             values = getattr(out.contents, _TYPED.get(out.datatype, "bytes_contents"))
             data = ([v.decode("utf-8", errors="replace") for v in values] if out.datatype == "BYTES"

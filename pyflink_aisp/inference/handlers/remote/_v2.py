@@ -40,8 +40,9 @@ there instead of the server, and its deadline counts from its first attempt acro
 With ``binary=True`` a REST request carries its numeric tensor in the binary tensor data extension
 (Triton's, https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_binary_data.md,
 also served by KServe): a JSON header whose input names ``binary_data_size``, then the tensor's raw
-little-endian bytes, its length in the ``Inference-Header-Content-Length`` header. The server then
-parses no list of numbers; the answer stays JSON.
+little-endian bytes, its length in the ``Inference-Header-Content-Length`` header, and asks for
+each output in it too (:mod:`._v2_raw` reads the answer). Neither side then writes or parses a
+list of numbers.
 
 A ``grpc://host:port`` (``grpcs://``: TLS) URL speaks the protocol's gRPC binding instead
 (:mod:`._grpc_v2`): the same metadata, tensors and outputs, as protobuf messages on one
@@ -366,12 +367,13 @@ class V2PredictorHandler(ModelHandler[Any, dict[str, Any], V2Model]):
 
 def _binary_body(plan: _Plan, part: npt.NDArray[Any], names: list[str]) -> RawBody:
     """One request in the binary tensor data extension: the JSON header, then ``part``'s bytes
-    (row-major, little-endian)."""
+    (row-major, little-endian); every output asked for as binary too."""
     data = np.ascontiguousarray(part, dtype=part.dtype.newbyteorder("<")).tobytes()
     header = json.dumps({
         "inputs": [{"name": plan.input_name, "shape": list(part.shape), "datatype": plan.datatype,
                     "parameters": {"binary_data_size": len(data)}}],
-        "outputs": [{"name": name} for name in names]}, separators=(",", ":")).encode()
+        "outputs": [{"name": name, "parameters": {"binary_data": True}} for name in names]},
+        separators=(",", ":")).encode()
     return RawBody(header + data, {"Inference-Header-Content-Length": str(len(header)),
                                    "Content-Type": "application/octet-stream"})
 

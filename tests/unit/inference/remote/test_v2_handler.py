@@ -89,7 +89,16 @@ def test_the_binary_extension_sends_a_json_header_then_the_tensors_little_endian
         [tensor] = header["inputs"]
         data = np.frombuffer(raw, dtype="<f4").reshape(tensor["shape"])
         as_json = {"inputs": [{**tensor, "data": data.ravel().tolist()}]}  # as the JSON server answers it
-        return json_server(httpx.Request("POST", request.url, json=as_json))
+        answer = json_server(httpx.Request("POST", request.url, json=as_json)).json()
+        raws = []  # ... then in the extension: each output's data as raw bytes after the header
+        for out in answer["outputs"]:
+            dtype = {"INT64": "<i8", "FP32": "<f4"}[out["datatype"]]
+            raw = np.asarray(out.pop("data"), dtype=dtype).tobytes()
+            out["parameters"] = {"binary_data_size": len(raw)}
+            raws.append(raw)
+        head = json.dumps(answer).encode()
+        return httpx.Response(200, content=head + b"".join(raws),
+                              headers={"inference-header-content-length": str(len(head))})
 
     model = _model(handler, answer)
     try:
@@ -101,8 +110,11 @@ def test_the_binary_extension_sends_a_json_header_then_the_tensors_little_endian
     sizes = [{"binary_data_size": n * 3 * 4} for n in (4, 4, 2)]
     assert [h["inputs"][0]["parameters"] for _, h, _ in seen] == sizes
     assert all(ctype == "application/octet-stream" and "data" not in h["inputs"][0] for ctype, h, _ in seen)
+    assert all(o["parameters"] == {"binary_data": True} for _, h, _ in seen for o in h["outputs"])
     assert b"".join(raw for _, _, raw in seen) == x.astype("<f4").tobytes()
     np.testing.assert_allclose([p["variable"] for p in out], x.sum(axis=1), rtol=1e-6)
+    assert [int(p["label"]) for p in out] == [int(v > 5) for v in x[:, 0]]
+    np.testing.assert_allclose(np.stack([p["probabilities"] for p in out])[:, 1], x[:, 0] / 10, rtol=1e-6)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
