@@ -97,12 +97,12 @@ def test_a_numeric_model_scores_a_feature_topic_by_options_alone(stack, models, 
     assert letters["missing_feature"]["detail"].startswith("no value at /embedding")
 
 
-@pytest.mark.parametrize(("mode", "binding"), [("batch", "rest"), ("streaming", "grpc")])
+@pytest.mark.parametrize(("mode", "binding"), [("batch", "rest"), ("streaming", "grpc"), ("batch", "binary")])
 def test_a_numeric_model_on_a_kserve_server_scores_the_topic_by_options_alone(
         stack, features, v2_server, job_outputs, mode, binding):
     """Issue 22: the same model served by a real KServe ModelServer over the Open Inference Protocol
-    v2, called by --remote-url (its REST URL, or its gRPC endpoint at grpc://): the same outputs as
-    sklearn's, several records per request."""
+    v2, called by --remote-url (its REST URL, with --remote-v2-binary the tensors as raw bytes, or its
+    gRPC endpoint at grpc://): the same outputs as sklearn's, several records per request."""
     rest_url, onnx_path, grpc_url = v2_server.url, v2_server.onnx_path, v2_server.grpc_url
     url = grpc_url if binding == "grpc" else rest_url
     bootstrap = str(stack.status().bootstrap_servers)
@@ -112,6 +112,7 @@ def test_a_numeric_model_on_a_kserve_server_scores_the_topic_by_options_alone(
         "--bootstrap-servers", bootstrap, "--input-topic", "features", "--output-topic", out_topic,
         "--remote-url", url, "--remote-model", "intent_head", "--remote-rows-per-request", "16",
         "--feature-fields", "/embedding", "--id-field", "/tx", "--keep-fields", "/source",
+        *(("--remote-v2-binary",) if binding == "binary" else ()),
         *(("--checkpoint-interval-ms", "1000") if mode == "streaming" else ())),
         {out_topic: N, f"{out_topic}.dlq": 2})
     if mode == "batch":
