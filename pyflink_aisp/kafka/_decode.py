@@ -119,8 +119,9 @@ def _any_infinite(value: Any) -> bool:
     if isinstance(value, float):
         return math.isinf(value)
     if isinstance(value, list):
-        try:
-            return bool(value) and math.isinf(max(map(abs, value)))
+        try:  # an infinite float is above every int, so a largest that is an int rules one out
+            top = max(map(abs, value)) if value else 0
+            return isinstance(top, float) and math.isinf(top)
         except TypeError:  # not all numbers
             pass
     elif isinstance(value, dict):
@@ -352,7 +353,11 @@ _NUMBER_TYPES = {int, float}
 def _number(pointer: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise DecodeError(Reason.BAD_FEATURE.value, f"'{pointer}' is {type(value).__name__}, not a number")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer of more than 308 digits
+        raise DecodeError(Reason.BAD_FEATURE.value,
+                          f"'{pointer}' is an integer past a double's range (IEEE 754 binary64)") from None
 
 
 def _features(obj: dict[str, Any], mapping: FieldMapping) -> tuple[float, ...]:
@@ -369,7 +374,10 @@ def _features(obj: dict[str, Any], mapping: FieldMapping) -> tuple[float, ...]:
     if not value:
         raise DecodeError(Reason.BAD_FEATURE.value, f"'{pointer}' is an empty array")
     if set(map(type, value)) <= _NUMBER_TYPES:  # every element an int or a float (a bool is neither)
-        return tuple(map(float, value))
+        try:
+            return tuple(map(float, value))
+        except OverflowError:  # an int past a double's range: named below
+            pass
     return tuple(_number(f"{pointer}/{i}", v) for i, v in enumerate(value))  # names the first that is not
 
 

@@ -167,6 +167,11 @@ def test_an_overflow_anywhere_in_the_document_is_invalid_json(value, number):
     assert out.detail == f"number {number} overflows a double (IEEE 754 binary64)"
 
 
+def test_a_huge_integer_in_a_field_the_job_does_not_read_is_no_fault():
+    out = decode_review(b'{"text": "x", "ids": [1' + b"0" * 400 + b', 2.5], "n": 1' + b"0" * 400 + b'}', SRC)
+    assert out == DecodedRecord(id="reviews/2/41", text="x")
+
+
 def test_the_first_fault_in_document_order_names_the_dead_letter():
     overflow_first = decode_review(b'{"text": "x", "n": 1e999, "m": {"k": 1, "k": 2}}', SRC)
     duplicate_first = decode_review(b'{"text": "x", "m": {"k": 1, "k": 2}, "n": 1e999}', SRC)

@@ -124,6 +124,10 @@ def test_features_from_one_array_field_or_named_number_fields_in_the_pointers_or
     (b'{"features": []}', Reason.BAD_FEATURE, "'/features' is an empty array"),
     (b'{"features": [1, "2"]}', Reason.BAD_FEATURE, "'/features/1' is str, not a number"),
     (b'{"features": [1, true]}', Reason.BAD_FEATURE, "'/features/1' is bool, not a number"),
+    (b'{"features": [1.5, 1' + b"0" * 400 + b']}', Reason.BAD_FEATURE,
+     "'/features/1' is an integer past a double's range (IEEE 754 binary64)"),
+    (b'{"features": 1' + b"0" * 400 + b'}', Reason.BAD_FEATURE,
+     "'/features' is an integer past a double's range (IEEE 754 binary64)"),
     (b'{"features": {"a": 1}}', Reason.BAD_FEATURE, "'/features' is dict, not a number"),
 ])
 def test_a_record_without_usable_features_is_a_dead_letter_naming_the_path(value, reason, detail):
