@@ -15,17 +15,20 @@ case has no server and is timed between its first and last output. Cases, interl
 * ``remote, 1 row per request``: ``--remote-rows-per-request 1``, one request per record (the shape
   of Flink's ``ML_PREDICT``, which sends each row alone);
 * ``remote, 16 / 64 rows per request``;
-* ``remote, 16 / 64 rows per request, binary``: ``--remote-v2-binary``, the tensor as raw bytes after a
-  JSON header (the binary tensor data extension) instead of a JSON list of numbers;
 * ``remote gRPC, 16 / 64 rows per request``: the same server's gRPC binding (``grpc://``); the proxy
-  speaks HTTP only, so these and the REST rows beside them are also compared by their output span
-  (first to last output's broker stamp) in a table of their own, and their requests are not counted
-  (the same batcher cuts them, so as many as over REST);
+  speaks HTTP only, so these are compared with the direct cases below by their output span (first to
+  last output's broker stamp) in a table of their own, and their requests are not counted (the same
+  batcher cuts them, so as many as over REST);
 * ``Flink ML_PREDICT (flink-model-triton 2.3.0)``: ``_ml_predict_job.py`` on the same server, async,
   ``--ml-predict-concurrency`` requests in flight, with the three things it needs to run at all
   (``_triton_provider.py``): the provider's two planning faults repaired in a subclass, the head
   served a second time with its tensors named in capitals (``intent_head_caps``), and the proxy
-  dropping the ``/versions/latest`` segment KServe does not serve.
+  dropping the ``/versions/latest`` segment KServe does not serve;
+* straight to the server (no proxy, which is a Python process on the same cores and capped Flink's
+  one request per row), by output span: ``direct REST, 16 / 64 rows per request`` (JSON
+  lists), ``direct REST binary, ...`` (``--remote-v2-binary``: the tensors as raw bytes after a JSON
+  header, the binary tensor data extension) and ``Flink ML_PREDICT (...), direct`` (the server itself
+  answers the versioned path: ``kserve_onnx.py --any-version``), beside the gRPC cases.
 
 Then embeddings of real reviews on an **OpenAI-compatible** server: llama.cpp's ``llama-server
 --embeddings`` (SmolLM2-135M, mean pooling, one slot: ``make servers``), a fresh one per run (it keeps the
