@@ -35,7 +35,9 @@ same with ``--pipeline-depth 1`` and one intra-op thread: the two subtasks' call
 model they share), ``-recordp2t2`` (``-recordp2`` with two intra-op threads per run: a lone call
 gets both cores, two calls oversubscribe them), ``-recordp2c120`` (``-recordp2`` with 120 s
 checkpoints, so none falls in the measured span), ``-recordp2chained`` (``-recordp2`` with its sinks
-chained into the operator's thread, ``--separate-sinks false``), ``-p2`` (the Arrow operator at
+chained into the operator's thread, ``--separate-sinks false``), ``-recordp2tiered`` and ``-tiered``
+(``-recordp2`` and the plain case with HotSpot's tiered JIT, ``--jvm-jit tiered``, where a latency
+target otherwise makes the job's JVM C1 only), ``-p2``  (the Arrow operator at
 ``--parallelism 2`` over two input partitions, one intra-op thread), ``-p2d2`` (the same with
 ``--pipeline-depth 2``: two runs at once where the subtasks share a model) or
 ``-ct`` (the output topic keeps the sink producer's ``CreateTime``: the last stage then ends at
@@ -93,11 +95,14 @@ VARIANTS: dict[str, tuple[str, ...]] = {
                      "--checkpoint-interval-ms", "120000"),
     "recordp2chained": ("--operator", "record", "--intra-op-threads", "0", "--parallelism", "2",
                         "--separate-sinks", "false"),
+    "recordp2tiered": ("--operator", "record", "--intra-op-threads", "0", "--parallelism", "2",
+                       "--jvm-jit", "tiered"),
+    "tiered": ("--jvm-jit", "tiered"),
     "p2": ("--intra-op-threads", "1", "--parallelism", "2"),
     "p2d2": ("--intra-op-threads", "1", "--parallelism", "2", "--pipeline-depth", "2")}
 #: Input topic partitions of a variant (default 1): a parallel job reads one per source subtask.
 PARTITIONS: dict[str, int] = {"record1p2": 2, "recordp2": 2, "recordp2t2": 2, "recordp2c120": 2,
-                              "recordp2chained": 2, "p2": 2, "p2d2": 2}
+                              "recordp2chained": 2, "recordp2tiered": 2, "p2": 2, "p2d2": 2}
 STAGES = ("kafka_to_worker", "decode", "inference", "render", "worker_to_kafka", "total")
 
 

@@ -75,7 +75,12 @@ from pyflink_aisp.pipeline._preflight import (
 from pyflink_aisp.pipeline._record_op import RecordInferenceFunction, record_inference_udf
 from pyflink_aisp.pipeline._routed_op import RoutedInferenceFunction, route_branches, routed_inference_udf
 from pyflink_aisp.pipeline._routes import RoutePlan, route_plan
-from pyflink_aisp.pipeline._settings import cluster_pipeline_depth, flink_settings, thread_mode_settings
+from pyflink_aisp.pipeline._settings import (
+    cluster_pipeline_depth,
+    flink_settings,
+    start_gateway,
+    thread_mode_settings,
+)
 from pyflink_aisp.pipeline._shell import WorkerSpec
 
 __all__ = ["SCORED_TYPE", "build_pipeline", "make_environment", "pipeline_statements"]
@@ -92,9 +97,12 @@ def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
     the derived Python-worker settings (:func:`~pyflink_aisp.pipeline.flink_settings`).
 
     The connector is appended with ``add_jars`` (not by setting ``pipeline.jars``),
-    so the jars that ``flink run -py`` puts there (flink-python) stay.
+    so the jars that ``flink run -py`` puts there (flink-python) stay. A local run starts
+    PyFlink's gateway JVM here, with ``--jvm-jit``'s flags
+    (:func:`~pyflink_aisp.pipeline._settings.start_gateway`).
 
     Raises:
+        ConfigError: ``--jvm-jit`` given to a job in a JVM already started (``flink run``).
         ConfigError: No connector jar (see :func:`~pyflink_aisp.pipeline.connector_jars`),
             or a pre-flight check failed (:mod:`pyflink_aisp.pipeline._preflight`: jar, model
             path, device, Python executable), in one line.
@@ -103,6 +111,7 @@ def make_environment(options: PipelineOptions) -> StreamTableEnvironment:
     check_device(options)  # before the jars: a GPU that is not there is named whatever the jar cache holds
     jars = connector_jars(options.jars)
     check_connector_jars(jars)
+    start_gateway(options)  # a local run's JVM starts with --jvm-jit's flags
     conf = Configuration()
     for key, value in flink_settings(options).items():
         conf.set_string(key, value)

@@ -38,6 +38,7 @@ from pyflink_aisp.pipeline._options import (
     Derived,
     GpuProvider,
     InferenceRuntime,
+    JvmJit,
     Option,
     OptionGroup,
     Precision,
@@ -136,8 +137,8 @@ class InferenceOptions(RemoteOptions):
         "cluster at taskmanager.numberOfTaskSlots, the most of them one TaskManager holds).", unit='batches',
         job_param='aisp.batch.pipeline-depth', nullable=True, minimum=1)
     latency_slo_ms: float | None = opt(None, B, 'p99 target of the inference operator: shorter bundles (SLO '
-        "/ 30) and no ORT spin-wait; the async operator's batch size and wait are tuned online within "
-        'their maxima.', unit='ms',
+        "/ 30), no ORT spin-wait and, in a local run, C1 only (--jvm-jit); the async operator's batch size "
+        'and wait are tuned online within their maxima.', unit='ms',
         job_param='aisp.latency-slo-ms', nullable=True, minimum=0.001)
     max_failure_rate: float | None = opt(0.5, M, 'Circuit breaker: fail the job (Flink restarts it from the '
         'last checkpoint) when this share of the last --failure-window inferences failed (none: never; '
@@ -576,6 +577,12 @@ class PipelineOptions(InferenceOptions):
         "record, whose model runs in the task thread, off otherwise); with it on and no "
         "--buffer-timeout-ms, execution.buffer-timeout.interval is 0 (each result is sent on at once).",
         nullable=True)
+    jvm_jit: JvmJit | None = opt(None, J, "HotSpot's JIT compilers in the JVM that a local run starts "
+        "(PyFlink's gateway, which runs the MiniCluster): tiered (C1, then C2: HotSpot's default) or c1 "
+        "(-XX:TieredStopAtLevel=1: no C2 compiler threads competing with the model for the cores in the "
+        "job's first minute or two; default: c1 with --latency-slo-ms, else tiered). A job submitted with "
+        "flink run runs in the cluster's TaskManagers, whose JVM options are the cluster's "
+        "(env.java.opts.taskmanager): giving it there is an error.", nullable=True)
     ordered: bool = opt(False, J, 'async operator: emit in input order (AsyncDataStream.ordered_wait).')
     capacity: int = opt(256, J, 'async operator: records in flight (>= --max-batch-size; 4x lets the next '
         'batch form while the model runs).', unit='records', minimum=1)
@@ -720,6 +727,13 @@ class PipelineOptions(InferenceOptions):
         if self.bounded:
             return False
         return self.operator is Runner.RECORD if self.separate_sinks is None else self.separate_sinks
+
+    @property
+    def effective_jvm_jit(self) -> JvmJit:
+        """``jvm_jit``, else C1 only with a latency target (``--latency-slo-ms``), else tiered."""
+        if self.jvm_jit is not None:
+            return self.jvm_jit
+        return JvmJit.TIERED if self.latency_slo_ms is None else JvmJit.C1
 
     @property
     def effective_startup_mode(self) -> StartupMode:

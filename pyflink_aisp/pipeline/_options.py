@@ -42,9 +42,9 @@ from typing import Any
 from pyflink_aisp.device import Device
 from pyflink_aisp.errors import ConfigError
 
-__all__ = ["Derived", "GpuProvider", "InferenceRuntime", "Option", "OptionGroup", "Precision", "Runner",
-           "RuntimeMode", "device_value", "opt", "options_markdown", "options_of", "read_job_parameters",
-           "render_job_parameter", "required"]
+__all__ = ["Derived", "GpuProvider", "InferenceRuntime", "JvmJit", "Option", "OptionGroup", "Precision",
+           "Runner", "RuntimeMode", "device_value", "opt", "options_markdown", "options_of",
+           "read_job_parameters", "render_job_parameter", "required"]
 
 
 class OptionGroup(enum.StrEnum):
@@ -100,6 +100,18 @@ class Runner(enum.StrEnum):
     ARROW = "arrow"
     ASYNC = "async"
     RECORD = "record"
+
+
+class JvmJit(enum.StrEnum):
+    """HotSpot's just-in-time compilers in the JVM a local run starts (``--jvm-jit``).
+
+    ``TIERED``: HotSpot's default tiered compilation (JEP 165 levels 0-4: the interpreter, C1,
+    then C2 for the hottest methods). ``C1``: ``-XX:TieredStopAtLevel=1``, C1 only, with no C2
+    compiler threads (HotSpot's ``-XX:TieredStopAtLevel`` flag; JDK 17 ``java`` tool reference).
+    """
+
+    TIERED = "tiered"
+    C1 = "c1"
 
 
 class InferenceRuntime(enum.StrEnum):

@@ -1,7 +1,8 @@
 """The PyFlink settings derived from the options: bundles, Arrow batches, async scalar
 concurrency, checkpoint timeout and restart strategy (:func:`flink_settings`); thread mode for the
-per-record operator (:func:`thread_mode_settings`) and how many of its subtasks share one
-interpreter (:func:`cluster_pipeline_depth`).
+per-record operator (:func:`thread_mode_settings`), how many of its subtasks share one
+interpreter (:func:`cluster_pipeline_depth`), and the JIT of the JVM a local run starts
+(:func:`start_gateway`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from typing import Any
 
 from pyflink_aisp.errors import ConfigError
 from pyflink_aisp.pipeline._config import InferenceOptions, PipelineOptions, option
-from pyflink_aisp.pipeline._options import RestartStrategy, Runner
+from pyflink_aisp.pipeline._options import JvmJit, RestartStrategy, Runner
 
-__all__ = ["BUNDLE_ARROW_BATCHES", "RESTART_BACKOFF_MULTIPLIER", "RESTART_JITTER", "cluster_pipeline_depth",
-           "flink_settings",
-           "format_job_parameters", "restart_settings", "thread_mode_settings", "worker_settings"]
+__all__ = ["BUNDLE_ARROW_BATCHES", "C1_ONLY", "RESTART_BACKOFF_MULTIPLIER", "RESTART_JITTER",
+           "cluster_pipeline_depth", "flink_settings", "format_job_parameters", "gateway_jvm_args",
+           "restart_settings", "start_gateway", "thread_mode_settings", "worker_settings"]
 
 #: PyFlink's default ``python.fn-execution.bundle.size`` (1000 in 2.3.0).
 _FLINK_DEFAULT_BUNDLE_SIZE = 1000
@@ -31,6 +32,9 @@ BUNDLE_ARROW_BATCHES = 4
 RESTART_BACKOFF_MULTIPLIER = 2.0
 #: Share of the wait drawn at random either side (Flink's default jitter-factor, 0.1).
 RESTART_JITTER = 0.1
+#: HotSpot's flag for C1 only (the product flag ``TieredStopAtLevel``, HotSpot's
+#: ``compiler_globals.hpp``; level 1 is C1 without profiling).
+C1_ONLY = "-XX:TieredStopAtLevel=1"
 #: Per-row timeout of PyFlink's async scalar operator: a stalled model fails the job only after it.
 _ASYNC_TIMEOUT_MS = 600_000
 
@@ -207,3 +211,50 @@ def cluster_pipeline_depth(options: PipelineOptions, get: Callable[[str, str], s
     if slots < 1 or slots >= options.concurrent_runs:
         return options
     return replace(options, pipeline_depth=slots)
+
+
+def gateway_jvm_args(options: PipelineOptions) -> list[str]:
+    """The JVM arguments of ``--jvm-jit`` (:attr:`PipelineOptions.effective_jvm_jit`) for the
+    JVM that a local run starts: ``[C1_ONLY]`` for C1 only, else none (HotSpot's tiered default)."""
+    return [C1_ONLY] if options.effective_jvm_jit is JvmJit.C1 else []
+
+
+def _gateway_running() -> bool:
+    """Whether this process already has PyFlink's gateway JVM: one it started, or the one that
+    ``flink run`` started and named in ``PYFLINK_GATEWAY_PORT``."""
+    from pyflink import java_gateway
+
+    return java_gateway._gateway is not None or "PYFLINK_GATEWAY_PORT" in os.environ
+
+
+def start_gateway(options: PipelineOptions) -> None:
+    """Start PyFlink's gateway JVM (a local run's MiniCluster runs in it) with the arguments of
+    :func:`gateway_jvm_args` appended to ``JVM_ARGS``, which PyFlink's launcher reads; the
+    process's ``JVM_ARGS`` is restored afterwards, so later subprocesses do not inherit them.
+
+    Where this process has the JVM already (``flink run``, or an earlier job in the same
+    process), nothing is started and a derived ``--jvm-jit`` is left to that JVM.
+
+    Raises:
+        ConfigError: ``--jvm-jit`` was given but the JVM already runs (under ``flink run`` the
+            TaskManagers' JIT is the cluster's ``env.java.opts.taskmanager``).
+    """
+    if _gateway_running():
+        if options.jvm_jit is not None:
+            raise ConfigError(f"--jvm-jit {options.jvm_jit}: this job runs in a JVM already started "
+                              "(flink run: the TaskManagers' JIT is the cluster's; set "
+                              f"env.java.opts.taskmanager: {C1_ONLY} in its config.yaml for C1 only)")
+        return
+    from pyflink.java_gateway import get_gateway
+
+    before = os.environ.get("JVM_ARGS")
+    args = gateway_jvm_args(options)
+    if args:
+        os.environ["JVM_ARGS"] = " ".join([*(before.split() if before else []), *args])
+    try:
+        get_gateway()
+    finally:
+        if before is None:
+            os.environ.pop("JVM_ARGS", None)
+        else:
+            os.environ["JVM_ARGS"] = before

@@ -849,3 +849,28 @@ def test_a_v2_model_takes_texts_without_feature_fields_and_vectors_with_them() -
     assert remote_handler(vectors).texts is False  # type: ignore[attr-defined]
     registry_entry = InferenceOptions(remote_url="http://h", remote_model="m")  # task predict: vectors
     assert remote_handler(registry_entry).texts is False  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("flags", "jit", "args"), [
+    ([], "tiered", []),                                           # HotSpot's default
+    (["--latency-slo-ms", "100"], "c1", ["-XX:TieredStopAtLevel=1"]),  # no C2 threads in the first minute
+    (["--latency-slo-ms", "100", "--jvm-jit", "tiered"], "tiered", []),
+    (["--jvm-jit", "c1"], "c1", ["-XX:TieredStopAtLevel=1"]),
+])
+def test_the_jvm_jit_follows_the_latency_target_unless_set(
+        flags: list[str], jit: str, args: list[str]) -> None:
+    from pyflink_aisp.pipeline._settings import gateway_jvm_args
+
+    options = PipelineOptions.from_args([*BASE, *flags])
+    assert options.effective_jvm_jit == jit
+    assert gateway_jvm_args(options) == args
+
+
+def test_a_given_jvm_jit_is_refused_where_the_jvm_already_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyflink_aisp.pipeline._settings import start_gateway
+
+    monkeypatch.setenv("PYFLINK_GATEWAY_PORT", "1")  # what flink run's client hands the job
+    with pytest.raises(ConfigError, match=r"--jvm-jit c1: this job runs in a JVM already started .*"
+                                          r"env\.java\.opts\.taskmanager: -XX:TieredStopAtLevel=1"):
+        start_gateway(PipelineOptions.from_args([*BASE, "--jvm-jit", "c1"]))
+    start_gateway(PipelineOptions.from_args([*BASE, "--latency-slo-ms", "100"]))  # derived: left to that JVM
