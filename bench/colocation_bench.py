@@ -12,7 +12,8 @@ Not a test. Issue 24's diagnosis bench, side by side in one run on one machine
   (Flink's MiniCluster and the broker) reniced to +10, so the ONNX Runtime
   intra-op threads preempt them (the straggler hypothesis: a parallel op waits
   for its slowest thread, and a runnable JVM thread delays one of the two);
-  and ``--parallelism 2`` over a topic of two partitions with one intra-op
+  and ``--jvm-jit c1`` (``c1``: the job's JVM compiles with C1 only, so no C2 compiler thread takes
+  the model's cores in the first minute); and ``--parallelism 2`` over a topic of two partitions with one intra-op
   thread per run (``p2-t1``; ``p2-t1-d2`` with ``--pipeline-depth 2``: the
   local job's subtasks share one model, so two runs go at once), where no op
   waits for a second thread; each job's records/s is the inference bench's (e)
@@ -146,6 +147,7 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...], int | None]] = {
     "spin-off": ("spin-wait off", ("--onnx-spin-wait", "false"), None),
     "spin-off-nice": ("spin-wait off, JVMs nice +10", ("--onnx-spin-wait", "false"), 10),
     "nice": ("default, JVMs nice +10", (), 10),
+    "c1": ("C1 only in the job's JVM", ("--jvm-jit", "c1"), None),
     "p2-t1": ("parallelism 2, one intra-op thread each", ("--parallelism", "2", "--intra-op-threads", "1"),
               None),
     "p2-t1-d2": ("parallelism 2, one intra-op thread each, pipeline depth 2",
