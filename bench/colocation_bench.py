@@ -12,9 +12,9 @@ Not a test. Issue 24's diagnosis bench, side by side in one run on one machine
   (Flink's MiniCluster and the broker) reniced to +10, so the ONNX Runtime
   intra-op threads preempt them (the straggler hypothesis: a parallel op waits
   for its slowest thread, and a runnable JVM thread delays one of the two);
-  and ``--jvm-jit c1`` (``c1``: the job's JVM compiles with C1 only, so no C2 compiler thread takes
-  the model's cores in the first minute); and ``--parallelism 2`` over a topic of two partitions with one intra-op
-  thread per run (``p2-t1``; ``p2-t1-d2`` with ``--pipeline-depth 2``: the
+  and ``--jvm-jit c1`` (``c1``: the job's JVM compiles with C1 only, so no C2 compiler thread
+  takes the model's cores in the first minute); and ``--parallelism 2`` over a topic of two
+  partitions with one intra-op thread per run (``p2-t1``; ``p2-t1-d2`` with ``--pipeline-depth 2``: the
   local job's subtasks share one model, so two runs go at once), where no op
   waits for a second thread; each job's records/s is the inference bench's (e)
   (a start-up probe, then every text; start-up taken out);
