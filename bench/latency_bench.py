@@ -37,7 +37,7 @@ gets both cores, two calls oversubscribe them), ``-recordp2c120`` (``-recordp2``
 checkpoints, so none falls in the measured span), ``-recordp2chained`` (``-recordp2`` with its sinks
 chained into the operator's thread, ``--separate-sinks false``), ``-recordp2tiered`` and ``-tiered``
 (``-recordp2`` and the plain case with HotSpot's tiered JIT, ``--jvm-jit tiered``, where a latency
-target otherwise makes the job's JVM C1 only), ``-p2``  (the Arrow operator at
+target otherwise makes the job's JVM C1 only), ``-p2`` (the Arrow operator at
 ``--parallelism 2`` over two input partitions, one intra-op thread), ``-p2d2`` (the same with
 ``--pipeline-depth 2``: two runs at once where the subtasks share a model) or
 ``-ct`` (the output topic keeps the sink producer's ``CreateTime``: the last stage then ends at

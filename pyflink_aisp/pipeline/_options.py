@@ -107,7 +107,7 @@ class JvmJit(enum.StrEnum):
 
     ``TIERED``: HotSpot's default tiered compilation (JEP 165 levels 0-4: the interpreter, C1,
     then C2 for the hottest methods). ``C1``: ``-XX:TieredStopAtLevel=1``, C1 only, with no C2
-    compiler threads (HotSpot's ``-XX:TieredStopAtLevel`` flag; JDK 17 ``java`` tool reference).
+    compiler threads (HotSpot's product flag ``TieredStopAtLevel``, ``compiler_globals.hpp``).
     """
 
     TIERED = "tiered"
