@@ -6,8 +6,8 @@ Not a test. Reads what ``latency_bench.py --series-dir DIR`` keeps of a case: ``
 ``_cpu.jit_series``). Each window of ``--window-s`` of input time gets the p50 / p99 of its
 records' end-to-end time, the model's p50 (``inference``), and the cores busy in the Flink JVM's
 and the broker JVM's compiler threads; so a run of a few minutes shows when a job leaves its JIT
-warm-up (HotSpot compiles hot methods with C1, then C2, in background compiler threads: JEP 165's
-tiered compilation).
+warm-up (HotSpot compiles hot methods with C1, then C2, in background compiler threads: HotSpot's
+tiered compilation, the levels described in its ``compilationPolicy.hpp``).
 
 Usage::
 

@@ -105,9 +105,10 @@ class Runner(enum.StrEnum):
 class JvmJit(enum.StrEnum):
     """HotSpot's just-in-time compilers in the JVM a local run starts (``--jvm-jit``).
 
-    ``TIERED``: HotSpot's default tiered compilation (JEP 165 levels 0-4: the interpreter, C1,
-    then C2 for the hottest methods). ``C1``: ``-XX:TieredStopAtLevel=1``, C1 only, with no C2
-    compiler threads (HotSpot's product flag ``TieredStopAtLevel``, ``compiler_globals.hpp``).
+    ``TIERED``: HotSpot's default tiered compilation (the levels 0-4 described in HotSpot's
+    ``compilationPolicy.hpp``: the interpreter, C1, then C2 for the hottest methods). ``C1``:
+    ``-XX:TieredStopAtLevel=1``, C1 only, with no C2 compiler threads (HotSpot's product flag
+    ``TieredStopAtLevel``, ``compiler_globals.hpp``).
     """
 
     TIERED = "tiered"
