@@ -39,7 +39,8 @@ over ``--texts`` reviews:
   flight (Flink's default 10), one text per request;
 * ``remote, 1 / 16 rows per request``: ``--remote-api openai-embeddings``.
 
-Server, proxy, broker and job share the machine's cores. Run (about 15 min on 2 cores)::
+Server, proxy, broker and job share the machine's cores. Run (the V2 part alone, ``--part v2``, took
+about 20 min on 2 cores with the defaults)::
 
     .venv/bin/python bench/remote_bench.py [--repeats 2] [--records 20000] [--texts 300]
 
