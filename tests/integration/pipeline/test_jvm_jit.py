@@ -22,10 +22,14 @@ print(json.dumps({"args": args, "JVM_ARGS": os.environ.get("JVM_ARGS")}))
 """
 
 
+_SHELL = ("PATH", "HOME", "JAVA_HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER")
+
+
 def _probe(*flags: str, jvm_args: str | None = None) -> dict:
-    # a fresh process, as `python jobs/...` is: not the gateway or loopback state of jobs run in this one
-    gone = ("JVM_ARGS", "PYFLINK_GATEWAY_PORT", "PYFLINK_GATEWAY_DISABLED")
-    env = {k: v for k, v in os.environ.items() if k not in gone}
+    # a fresh process, as `python jobs/...` from a shell is: not the state that jobs run earlier in this
+    # process left in its environment (PyFlink's loopback workers copy theirs in: PYFLINK_GATEWAY_DISABLED,
+    # python paths)
+    env = {k: v for k, v in os.environ.items() if k in _SHELL}
     if jvm_args is not None:
         env["JVM_ARGS"] = jvm_args
     done = subprocess.run([sys.executable, "-c", _PROBE, *flags], capture_output=True, text=True, env=env,
