@@ -28,8 +28,8 @@ _SHELL = ("PATH", "HOME", "JAVA_HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER")
 def _probe(*flags: str, jvm_args: str | None = None) -> dict:
     # a fresh process, as `python jobs/...` from a shell is: not the state that jobs run earlier in this
     # process left in its environment (PyFlink's loopback workers copy theirs in: PYFLINK_GATEWAY_DISABLED,
-    # python paths)
-    env = {k: v for k, v in os.environ.items() if k in _SHELL}
+    # python paths, an empty JAVA_HOME that makes PyFlink look for `bin/java`)
+    env = {k: v for k, v in os.environ.items() if k in _SHELL and v}
     if jvm_args is not None:
         env["JVM_ARGS"] = jvm_args
     done = subprocess.run([sys.executable, "-c", _PROBE, *flags], capture_output=True, text=True, env=env,
