@@ -23,6 +23,11 @@ Edge cases of RFC 8259, decided:
 * a name repeated within one object (section 4: names SHOULD be unique, and
   parsers differ on which value wins): ``duplicate_key``, at any depth, rather
   than silently scoring whichever ``text`` the parser kept.
+
+A document with no backslash, one object (a single ``{``) and names that each occur once
+in its bytes is parsed by orjson (numbers included, in C); every other document, and
+any that orjson refuses, is parsed by Python's ``json`` as above, so both paths give
+the same object or the same dead letter (``tests/unit/kafka/test_decode_plain.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import json
 import math
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from pyflink_aisp.errors import DecodeError
 from pyflink_aisp.kafka._avro import decode_avro, jsonable, registry_client
@@ -155,12 +162,58 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     raise AssertionError("unreachable: a shorter dict has a repeated name")
 
 
+_BOM_UTF8 = _BOM.encode("utf-8")
+
+#: orjson keeps integers to 64 bits and reads a wider integer literal as a double; a document with a
+#: number this large (in magnitude) goes to Python's ``json``, which keeps the integer exact.
+_WIDE = 2.0**63
+
+
+def _has_wide_number(value: Any) -> bool:
+    """Whether a parsed value (no objects inside) holds a number of magnitude at least :data:`_WIDE`."""
+    if isinstance(value, float):
+        return abs(value) >= _WIDE
+    if isinstance(value, list):
+        try:  # a list of numbers: one C pass
+            return bool(value) and max(map(abs, value)) >= _WIDE
+        except TypeError:  # strings, nulls or lists inside
+            return any(_has_wide_number(item) for item in value)
+    return False
+
+
+def _plain_object(raw: bytes) -> dict[str, Any] | None:
+    """The object of a plain document, parsed by orjson; None where Python's ``json`` decides.
+
+    Plain: no backslash (so each name is spelled in the bytes exactly as it reads, and a repeated
+    name occurs twice), no byte order mark, one ``{`` (no nested object), orjson parses it (it
+    refuses invalid UTF-8, ``NaN``, overflowing numbers and what is not JSON), its value is an
+    object whose every name occurs once in the bytes (orjson keeps the last of repeated names), and
+    no number is wide enough to be an integer orjson read as a double.
+    """
+    if b"\\" in raw or raw.count(b"{") != 1 or raw.startswith(_BOM_UTF8):
+        return None
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    for name, item in obj.items():
+        if raw.count(b'"' + name.encode("utf-8") + b'"') != 1 or _has_wide_number(item):
+            return None
+    return obj
+
+
 def _parse(value: bytes | None) -> dict[str, Any]:
     """Bytes → JSON object, or :class:`DecodeError` with the reason."""
     if value is None:
         raise DecodeError(Reason.NULL_VALUE.value, "record value is null (tombstone)")
+    raw = value if isinstance(value, bytes) else bytes(value)
+    plain = _plain_object(raw)
+    if plain is not None:
+        return plain
     try:
-        decoded = bytes(value).decode("utf-8")
+        decoded = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DecodeError(
             Reason.INVALID_UTF8.value, f"byte {exc.start}: {exc.reason}"

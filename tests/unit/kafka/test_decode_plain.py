@@ -1,0 +1,106 @@
+"""The orjson path of the JSON decoder (plain documents) gives what Python's ``json`` path gives."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from pyflink_aisp.kafka import DecodedRecord, FieldMapping, KafkaCoordinates, _decode, decode_review
+from pyflink_aisp.outcome import DeadLettered
+
+SRC = KafkaCoordinates(topic="features", partition=0, offset=9)
+FEATURES = FieldMapping(features=("/embedding",), id="/tx")
+
+
+def _both(value: bytes, mapping: FieldMapping, monkeypatch: pytest.MonkeyPatch):
+    fast = decode_review(value, SRC, mapping)
+    with monkeypatch.context() as m:
+        m.setattr(_decode, "_plain_object", lambda raw: None)
+        slow = decode_review(value, SRC, mapping)
+    return fast, slow
+
+
+def _floats(rng: np.random.Generator, n: int) -> list[float]:
+    """Doubles of every kind: random bit patterns (subnormals included), embedding-like values,
+    halfway-looking decimals."""
+    bits = [struct.unpack("<d", struct.pack("<Q", int(b)))[0]
+            for b in rng.integers(0, 2**63 - 1, size=n, dtype=np.uint64)]
+    finite = [x for x in bits if abs(x) < 2.0**63]  # wider ones take json's path (tested below)
+    return finite + (rng.standard_normal(n) * 0.05).astype(np.float32).astype(float).tolist() + [
+        0.1, 0.30000000000000004, 5e-324, 2.2250738585072014e-308, 9.2e18, -0.0, 1e-5, 1e16]
+
+
+@pytest.mark.parametrize("fmt", ["repr", "%.17g", "%.20e", "%.3f"])
+def test_feature_vectors_decode_bit_for_bit_as_the_standard_library_reads_them(fmt, monkeypatch):
+    rng = np.random.default_rng(7)
+    values = _floats(rng, 400)
+    text = ", ".join(repr(v) if fmt == "repr" else fmt % v for v in values)
+    raw = b'{"tx": "r1", "embedding": [' + text.encode() + b"]}"
+    assert _decode._plain_object(raw) is not None  # the orjson path is the one under test
+    fast, slow = _both(raw, FEATURES, monkeypatch)
+    assert isinstance(fast, DecodedRecord)
+    assert fast == slow
+    assert struct.pack(f"<{len(values)}d", *fast.features) == struct.pack(f"<{len(values)}d", *slow.features)
+
+
+@pytest.mark.parametrize("value", [
+    b'{"id": "a", "text": "plain"}',
+    b'{"id": 18446744073709551615, "text": "x"}',       # u64's largest: an int either way
+    b'{"id": -9223372036854775808, "text": "x"}',
+    b'{"id": 123456789012345678901234567890, "text": "x"}',  # wider: Python's json keeps it exact
+    b'{"id": 1.5, "text": "x"}',                         # bad_id
+    b'{"id": true, "text": "x"}',
+    b'{"text": 5}',                                      # text_not_string
+    b'{"id": "a"}',                                      # missing_text
+    b'{"text": "caf\xc3\xa9 \xe2\x80\xa8 \xf0\x9f\x8e\xac", "label": null}',  # raw UTF-8, U+2028, astral
+    b'{"text": "x", "label": [1, [2, [3.5, "s", null, false]]]}',
+    b'{"text": "x", "big": [1, 9223372036854775808]}',
+    b'{"text": "x", "label": 1e999}',                    # overflow: orjson refuses, json decides
+    b'{"text": "x", "text": "y"}',                       # duplicate_key
+    b'{"text": "x", "m": {"k": 1, "k": 2}}',
+    b'{"text": "\\u00e9", "id": "\\u0061"}',             # escapes: json's path
+    b'{"te\\u0078t": "a", "text": "b"}',                 # a repeated name spelled two ways
+    b'{"text": "x",}', b'{"text": "x"} {}', b'[1, 2]', b'"x"', b'', b'{"text": NaN}',
+    b'{"text": "\xff"}',                                 # invalid UTF-8
+    b'\xef\xbb\xbf{"text": "bom"}',
+    b'{"text": "tab\there"}',                            # a raw control character
+    b' \n {"text": "x"} \n',
+])
+def test_every_document_gets_the_same_outcome_on_both_paths(value, monkeypatch):
+    fast, slow = _both(value, FieldMapping(), monkeypatch)
+    if isinstance(slow, DeadLettered):
+        assert isinstance(fast, DeadLettered)
+        assert (fast.reason, fast.detail, fast.value) == (slow.reason, slow.detail, slow.value)
+    else:
+        assert fast == slow
+
+
+def test_a_vector_with_numbers_past_64_bits_takes_the_standard_librarys_path(monkeypatch):
+    raw = b'{"tx": "r1", "embedding": [0.5, 1.7976931348623157e308, -3e200, 7]}'
+    assert _decode._plain_object(raw) is None
+    fast, slow = _both(raw, FEATURES, monkeypatch)
+    assert fast == slow and fast.features == (0.5, 1.7976931348623157e308, -3e200, 7.0)
+
+
+def test_wide_integers_stay_exact():
+    out = decode_review(b'{"id": 123456789012345678901234567890, "text": "x"}', SRC)
+    assert isinstance(out, DecodedRecord) and out.id == "123456789012345678901234567890"
+
+
+@pytest.mark.parametrize(("value", "plain"), [
+    (b'{"tx": "a", "embedding": [0.5, -1, 2]}', True),
+    (b'{"tx": "a\\"b", "embedding": [0.5]}', False),            # a backslash
+    (b'{"tx": "a", "m": {"k": 1}}', False),                     # an object inside
+    (b'{"tx": "a", "tx": "b"}', False),                         # a name twice
+    (b'{"tx": "tx", "v": 1}', False),                           # a name's spelling also a value: json decides
+    (b'{"tx": "a", "v": 12345678901234567890123}', False),      # wider than 64 bits
+    (b'{"tx": "a", "v": [1, -1e19]}', False),
+    (b'\xef\xbb\xbf{"tx": "a"}', False),
+    (b'[{"tx": "a"}]', False),
+])
+def test_which_documents_take_the_orjson_path(value, plain):
+    got = _decode._plain_object(value)
+    assert (got is not None) == plain
+    if plain:
+        assert got == json.loads(value)
