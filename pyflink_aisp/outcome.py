@@ -30,9 +30,12 @@ from __future__ import annotations
 import base64
 import enum
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from pyflink_aisp.errors import (
     DecodeError,
@@ -254,7 +257,7 @@ def render_scored(
     except TypeError as exc:
         raise InferenceError(f"the model's output is not JSON-able (the task must render plain Python "
                              f"values): {exc}") from exc
-    size = len(record_id.encode("utf-8", "surrogatepass")) + len(value)  # the value is ASCII
+    size = len(record_id.encode("utf-8", "surrogatepass")) + len(value.encode("utf-8", "surrogatepass"))
     if size > max_record_bytes:
         raise OversizedOutputError(size, max_record_bytes)
     return value
@@ -279,10 +282,13 @@ def scored_json(
         kept: Fields of the input record the job keeps, after ``id`` (unchanged JSON values).
 
     Returns:
-        ASCII JSON ``{"id", <kept>..., <fields>..., "model_sha256", <extra>...}``: for the
-        sentiment model ``{"id", "label", "score", "model_sha256"}`` (then
-        ``"embedding"`` with ``--with-embedding``); for an encoder ``{"id",
-        "embedding", "model_sha256"}``.
+        Compact JSON (no spaces between tokens, as Flink's ``json`` format writes it)
+        ``{"id", <kept>..., <fields>..., "model_sha256", <extra>...}``: for the sentiment
+        model ``{"id", "label", "score", "model_sha256"}`` (then ``"embedding"`` with
+        ``--with-embedding``); for an encoder ``{"id", "embedding", "model_sha256"}``.
+        Written by orjson (UTF-8 text as it is); a document orjson cannot write (an
+        integer past 64 bits, a name that is not a string, a lone surrogate) by Python's
+        ``json`` (non-ASCII escaped as ``\\uXXXX``).
 
     Raises:
         ValueError: A value is NaN or infinite (not JSON).
@@ -291,4 +297,30 @@ def scored_json(
     doc = {"id": record_id, **(kept or {}), **fields, "model_sha256": model_version}
     if extra:
         doc.update(extra)
-    return json.dumps(doc, allow_nan=False)
+    if all(map(_finite, doc.values())):  # orjson writes NaN and infinities as null
+        try:
+            return orjson.dumps(doc, option=_ORJSON_STRICT).decode("utf-8")
+        except TypeError:  # orjson.JSONEncodeError is one: json.dumps decides (and raises the same)
+            pass
+    return json.dumps(doc, allow_nan=False, separators=(",", ":"))
+
+
+#: orjson writes only what Python's ``json`` writes: dataclasses, dates and times, and subclasses of
+#: str, int, dict and list are refused (then :func:`json.dumps` decides, as before).
+_ORJSON_STRICT = (orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+                  | orjson.OPT_PASSTHROUGH_SUBCLASS)
+
+
+def _finite(value: Any) -> bool:
+    """Whether a JSON-able value holds no NaN or infinity (False also where a sum of numbers overflows:
+    then :func:`json.dumps` decides)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list | tuple):
+        try:  # a list of numbers: one C pass; NaN and infinities make the sum non-finite
+            return math.isfinite(sum(value))
+        except (TypeError, OverflowError):  # not all numbers, or an int past a double's range
+            return all(map(_finite, value))
+    if isinstance(value, dict):
+        return all(map(_finite, value.values()))
+    return True

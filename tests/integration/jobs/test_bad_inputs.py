@@ -18,7 +18,7 @@ from pyflink_aisp.pipeline.flink import build_pipeline, make_environment
 
 pytestmark = pytest.mark.integration
 
-HUGE_ID = "中" * 117_000  # 351 KB as a key, 702 KB JSON-escaped in the value: 1.05 MB in all
+HUGE_ID = "中" * 200_000  # 600 KB as a key and 600 KB again in the value (UTF-8): 1.2 MB in all
 LONG_TEXT_BYTES = 900_000
 
 
@@ -70,7 +70,7 @@ def test_oversized_outputs_and_json_edge_cases_are_dead_lettered_and_the_rest_sc
         (b'{"id": "dup", "text": "first", "text": "second"}', "duplicate_key"),
         (json.dumps({"id": "long", "text": long_text}).encode(), None),
     ]
-    assert len(special[0][0]) == 351_000 + len('{"id": "", "text": "ok"}')
+    assert len(special[0][0]) == 600_000 + len('{"id": "", "text": "ok"}')
     _produce(kafka_bootstrap, t_in, good[:20] + [v for v, _ in special] + good[20:])
     options = _options(kafka_bootstrap, t_in, t_out, t_dlq, model_assets, "--mode", "batch",
                        "--operator", operator)
@@ -91,7 +91,7 @@ def test_oversized_outputs_and_json_edge_cases_are_dead_lettered_and_the_rest_sc
     assert key == f"{t_in}/0/20"  # the id is too long to be a key: the coordinates are
     assert (huge["topic"], huge["partition"], huge["offset"]) == (t_in, 0, 20)
     assert huge["id"] == HUGE_ID[:1024]
-    assert huge["detail"].startswith("OversizedOutputError: output of 1053")
+    assert huge["detail"].startswith("OversizedOutputError: output of 1200")
     assert "over the sink's limit of 1047552 bytes" in huge["detail"]
     kept = base64.b64decode(huge["value_base64"])
     assert kept == special[0][0][:len(kept)]

@@ -79,7 +79,7 @@ def test_extra_fields_follow_model_sha256() -> None:
     value = render_prediction(task, "r", (np.float32(0.25), np.array([1.0, 0.5], np.float32)), SHA,
                               max_record_bytes=1 << 20)
     assert value == json.dumps({"id": "r", "label": "rotten", "score": 0.25, "model_sha256": SHA,
-                                "embedding": [1.0, 0.5]})
+                                "embedding": [1.0, 0.5]}, separators=(",", ":"))  # compact, as Flink's json
 
 
 @pytest.mark.parametrize("rendered", [None, ["score"], 0.5])

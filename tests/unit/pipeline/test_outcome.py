@@ -194,11 +194,11 @@ def test_render_scored_refuses_an_output_over_the_limit_by_its_utf8_size() -> No
     from pyflink_aisp.errors import OversizedOutputError
     from pyflink_aisp.outcome import render_scored
 
-    record_id = "中" * 117_000  # the input: 351 KB as a key, 702 KB escaped in the value
+    record_id = "中" * 200_000  # 600 KB as a key, 600 KB again in the value (UTF-8, not escaped)
     task, prediction = SentimentTask(), (0.75, np.zeros(3, np.float32))
     value = _json(task, record_id, prediction)
     size = _size(record_id, value)
-    assert size == 3 * 117_000 + len(value) and size > 1_048_576
+    assert record_id in value and size == 2 * 3 * 200_000 + len(value) - 200_000 and size > 1_048_576
     with pytest.raises(OversizedOutputError) as exc:
         render_prediction(task, record_id, prediction, SHA, max_record_bytes=1_048_576 - 1024)
     assert (exc.value.size_bytes, exc.value.limit_bytes) == (size, 1_048_576 - 1024)
