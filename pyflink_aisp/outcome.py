@@ -319,7 +319,7 @@ def _finite(value: Any) -> bool:
     if isinstance(value, list | tuple):
         try:  # a list of numbers: one C pass; NaN and infinities make the sum non-finite
             return math.isfinite(sum(value))
-        except (TypeError, OverflowError):  # not all numbers, or an int past a double's range
+        except Exception:  # not all numbers, an int past a double's range, or a numpy scalar's own error
             return all(map(_finite, value))
     if isinstance(value, dict):
         return all(map(_finite, value.values()))

@@ -1,6 +1,7 @@
 """The orjson path of the JSON decoder (plain documents) gives what Python's ``json`` path gives."""
 
 import json
+import random
 import struct
 
 import numpy as np
@@ -104,3 +105,53 @@ def test_which_documents_take_the_orjson_path(value, plain):
     assert (got is not None) == plain
     if plain:
         assert got == json.loads(value)
+
+
+_ATOMS = ["0", "-0", "1.5", "1E+5", "1e-400", "1e400", "9223372036854775808", "-9223372036854775809",
+          "123456789012345678901234567890", "5e-324", "true", "null", '"x"', '""', '"text"', '"caf\u00e9"',
+          '"a\\nb"', '"\\ud800"', "NaN", "01", "1.", '"{"', "[]", "{}"]
+_NAMES = ['"text"', '"id"', '"tx"', '"embedding"', '"a"', '"te\\u0078t"', '""']
+
+
+def _document(rng: random.Random, depth: int = 0) -> str:
+    def value(d: int) -> str:
+        r = rng.random()
+        if d > 3 or r < 0.5:
+            return rng.choice(_ATOMS)
+        if r < 0.75:
+            return "[" + ",".join(value(d + 1) for _ in range(rng.randint(0, 5))) + "]"
+        return _document(rng, d + 1)
+    return "{" + ",".join(f"{rng.choice(_NAMES)}:{value(depth)}" for _ in range(rng.randint(0, 4))) + "}"
+
+
+def test_both_paths_agree_on_random_and_mangled_documents(monkeypatch):
+    """Random objects of the atoms above (every edge of both parsers), a third of them with bytes
+    deleted, inserted or replaced; each decoded with every kind of mapping."""
+    rng = random.Random(20261207)
+    mappings = [FieldMapping(), FEATURES, FieldMapping(text="/a", keep=("*",))]
+    plain = 0
+    for _ in range(3000):
+        doc = _document(rng)
+        if rng.random() < 0.5:
+            doc = doc[:-1] + ("," if len(doc) > 2 else "") + '"text":"x","tx":"t","embedding":[1,2.5,-3e2]}'
+        raw = bytearray(doc.encode("utf-8"))
+        for _ in range(rng.randint(0, 2) if rng.random() < 0.3 and raw else 0):
+            i = rng.randrange(len(raw))
+            op = rng.random()
+            if op < 0.3:
+                del raw[i]
+            elif op < 0.6:
+                raw.insert(i, rng.choice(b'{}[],:"\\ 0e-.\xff'))
+            else:
+                raw[i] = rng.randrange(256)
+            if not raw:
+                break
+        value = bytes(raw)
+        plain += _decode._plain_object(value) is not None
+        fast, slow = _both(value, rng.choice(mappings), monkeypatch)
+        if isinstance(slow, DeadLettered):
+            assert isinstance(fast, DeadLettered), value
+            assert (fast.reason, fast.detail, fast.value) == (slow.reason, slow.detail, slow.value), value
+        else:
+            assert fast == slow, value
+    assert plain > 300  # the orjson path was exercised

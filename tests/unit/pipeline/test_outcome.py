@@ -258,3 +258,27 @@ def test_a_small_dead_letter_is_unchanged_by_the_limit() -> None:
     letter = DeadLettered(reason=Reason.INVALID_JSON, detail="x", topic="t", partition=0, offset=1,
                           value=b"{")
     assert render_dead_letter(letter, 32 * 1024) == ("t/0/1", letter.to_json())
+
+
+@pytest.mark.parametrize("fields", [
+    {"p": [0.1, 1e-05, 3], "label": "caf\u00e9 \U0001f3ac", "n": None, "ok": True},
+    {"big": 2**70, "neg": [-(2**63) - 1, 1.5]},                      # past orjson's 64 bits
+    {"s": "\ud800"},                                                 # a lone surrogate
+    {"nested": {"a": [1.0, {"b": float("nan")}]}},                   # NaN deep inside
+    {"v": [1.0, float("inf")]}, {"v": -float("inf")},
+    {"v": [np.float32(1.0), [float("nan")]]},                        # a numpy scalar beside a NaN (fuzzing)
+    {"v": [np.float32(1.0), [-(2**63) - 1, [], 2**70]]},
+    {"k": {1: "int name"}},
+    {"t": (1, "x", [2.5])},
+])
+def test_scored_json_reads_back_as_pythons_json_writes_it_or_fails_the_same_way(fields) -> None:
+    doc = {"id": "r1", **fields, "model_sha256": SHA}
+    try:
+        expected: object = json.loads(json.dumps(doc, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        expected = type(exc)
+    try:
+        got: object = json.loads(scored_json("r1", fields, SHA))
+    except (TypeError, ValueError) as exc:
+        got = type(exc)
+    assert got == expected
