@@ -297,7 +297,11 @@ def scored_json(
     doc = {"id": record_id, **(kept or {}), **fields, "model_sha256": model_version}
     if extra:
         doc.update(extra)
-    if all(map(_finite, doc.values())):  # orjson writes NaN and infinities as null
+    try:
+        plain = all(map(_plain, doc.values()))
+    except RecursionError:  # nested past Python's stack: json.dumps decides
+        plain = False
+    if plain:
         try:
             return orjson.dumps(doc, option=_ORJSON_STRICT).decode("utf-8")
         except TypeError:  # orjson.JSONEncodeError is one: json.dumps decides (and raises the same)
@@ -311,16 +315,18 @@ _ORJSON_STRICT = (orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATE
                   | orjson.OPT_PASSTHROUGH_SUBCLASS)
 
 
-def _finite(value: Any) -> bool:
-    """Whether a JSON-able value holds no NaN or infinity (False also where a sum of numbers overflows:
-    then :func:`json.dumps` decides)."""
+def _plain(value: Any) -> bool:
+    """Whether orjson may write a value: no NaN or infinity (orjson writes them as null), and no type
+    that orjson writes but Python's ``json`` refuses (an Enum, a UUID). False also where a sum of
+    numbers overflows: then :func:`json.dumps` decides. Subclasses of str, int, float, dict and list
+    count as plain here; orjson refuses them (:data:`_ORJSON_STRICT`)."""
     if isinstance(value, float):
         return math.isfinite(value)
     if isinstance(value, list | tuple):
         try:  # a list of numbers: one C pass; NaN and infinities make the sum non-finite
             return math.isfinite(sum(value))
         except Exception:  # not all numbers, an int past a double's range, or a numpy scalar's own error
-            return all(map(_finite, value))
+            return all(map(_plain, value))
     if isinstance(value, dict):
-        return all(map(_finite, value.values()))
-    return True
+        return all(map(_plain, value.values()))
+    return value is None or isinstance(value, str | int)

@@ -198,9 +198,12 @@ def _plain_object(raw: bytes) -> dict[str, Any] | None:
         return None
     if not isinstance(obj, dict):
         return None
-    for name, item in obj.items():
-        if raw.count(b'"' + name.encode("utf-8") + b'"') != 1 or _has_wide_number(item):
-            return None
+    try:
+        for name, item in obj.items():
+            if raw.count(b'"' + name.encode("utf-8") + b'"') != 1 or _has_wide_number(item):
+                return None
+    except RecursionError:  # arrays nested past Python's stack (orjson reads 1,023 levels)
+        return None
     return obj
 
 

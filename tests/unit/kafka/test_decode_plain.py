@@ -155,3 +155,15 @@ def test_both_paths_agree_on_random_and_mangled_documents(monkeypatch):
         else:
             assert fast == slow, value
     assert plain > 300  # the orjson path was exercised
+
+
+@pytest.mark.parametrize("depth", [400, 700, 1000])
+def test_arrays_nested_past_pythons_stack_decode_as_on_the_json_path(depth, monkeypatch):
+    """orjson reads 1,023 levels; the wide-number walk recursed on them and raised RecursionError
+    out of the decoder (found by a helper trying to break the fast path)."""
+    raw = b'{"text":"x","a":' + b"[" * depth + b"1" + b"]" * depth + b"}"
+    fast, slow = _both(raw, FieldMapping(), monkeypatch)
+    if isinstance(slow, DeadLettered):
+        assert isinstance(fast, DeadLettered) and (fast.reason, fast.detail) == (slow.reason, slow.detail)
+    else:
+        assert fast == slow == DecodedRecord(id="features/0/9", text="x")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import enum
 import json
+import uuid
 
 import numpy as np
 import pytest
@@ -260,6 +262,26 @@ def test_a_small_dead_letter_is_unchanged_by_the_limit() -> None:
     assert render_dead_letter(letter, 32 * 1024) == ("t/0/1", letter.to_json())
 
 
+class _Colour(enum.Enum):
+    RED = 1
+    NAN = float("nan")
+
+
+class _Level(enum.IntEnum):
+    HIGH = 3
+
+
+class _Name(enum.StrEnum):
+    A = "a"
+
+
+def _nested(depth: int) -> object:
+    value: object = 1.0
+    for i in range(depth):
+        value = [value] if i % 2 else {"n": value}
+    return value
+
+
 @pytest.mark.parametrize("fields", [
     {"p": [0.1, 1e-05, 3], "label": "caf\u00e9 \U0001f3ac", "n": None, "ok": True},
     {"big": 2**70, "neg": [-(2**63) - 1, 1.5]},                      # past orjson's 64 bits
@@ -270,15 +292,19 @@ def test_a_small_dead_letter_is_unchanged_by_the_limit() -> None:
     {"v": [np.float32(1.0), [-(2**63) - 1, [], 2**70]]},
     {"k": {1: "int name"}},
     {"t": (1, "x", [2.5])},
+    # types orjson writes and json refuses (found by a helper trying to break scored_json)
+    {"e": _Colour.RED}, {"e": [_Colour.RED]}, {"e": _Colour.NAN}, {"u": uuid.UUID(int=5)},
+    {"i": _Level.HIGH, "s": _Name.A},                                # int and str enums: both write them
+    {"deep": _nested(700)}, {"deep": _nested(300)},                  # past Python's stack for a walk
 ])
 def test_scored_json_reads_back_as_pythons_json_writes_it_or_fails_the_same_way(fields) -> None:
     doc = {"id": "r1", **fields, "model_sha256": SHA}
     try:
         expected: object = json.loads(json.dumps(doc, allow_nan=False))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         expected = type(exc)
     try:
         got: object = json.loads(scored_json("r1", fields, SHA))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         got = type(exc)
     assert got == expected
