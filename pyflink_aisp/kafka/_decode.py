@@ -28,6 +28,9 @@ A document with no backslash, one object (a single ``{``) and names that each oc
 in its bytes is parsed by orjson (numbers included, in C); every other document, and
 any that orjson refuses, is parsed by Python's ``json`` as above, so both paths give
 the same object or the same dead letter (``tests/unit/kafka/test_decode_plain.py``).
+A field only the features read (:attr:`~pyflink_aisp.kafka.FieldMapping.feature_only_names`)
+is read as doubles on both paths, so an integer past 64 bits there, which orjson parses to
+the nearest double, does not send the document to ``json``.
 """
 
 from __future__ import annotations
@@ -181,16 +184,19 @@ def _has_wide_number(value: Any) -> bool:
     return False
 
 
-def _plain_object(raw: bytes) -> dict[str, Any] | None:
+def _plain_object(raw: bytes, as_doubles: frozenset[str] = frozenset()) -> dict[str, Any] | None:
     """The object of a plain document, parsed by orjson; None where Python's ``json`` decides.
 
     Plain: no backslash (so each name is spelled in the bytes exactly as it reads, and a repeated
     name occurs twice), no byte order mark, one ``{`` (no nested object), orjson parses it (it
     refuses invalid UTF-8, ``NaN``, overflowing numbers and what is not JSON), its value is an
     object whose every name occurs once in the bytes (orjson keeps the last of repeated names), and
-    no number is wide enough to be an integer orjson read as a double.
+    no number outside the fields named in ``as_doubles`` is wide enough to be an integer orjson
+    read as a double. A field in ``as_doubles`` is only ever converted to doubles (``float``), and
+    orjson's double for a wide integer literal is the correctly rounded one, ``float(int)``.
     """
-    if b"\\" in raw or raw.count(b"{") != 1 or raw.startswith(_BOM_UTF8):
+    first = raw.find(b"{")
+    if first < 0 or raw.find(b"{", first + 1) >= 0 or b"\\" in raw or raw.startswith(_BOM_UTF8):
         return None
     try:
         obj = orjson.loads(raw)
@@ -200,19 +206,21 @@ def _plain_object(raw: bytes) -> dict[str, Any] | None:
         return None
     try:
         for name, item in obj.items():
-            if raw.count(b'"' + name.encode("utf-8") + b'"') != 1 or _has_wide_number(item):
+            if raw.count(b'"' + name.encode("utf-8") + b'"') != 1 or (
+                    name not in as_doubles and _has_wide_number(item)):
                 return None
     except RecursionError:  # arrays nested past Python's stack (orjson reads 1,023 levels)
         return None
     return obj
 
 
-def _parse(value: bytes | None) -> dict[str, Any]:
-    """Bytes → JSON object, or :class:`DecodeError` with the reason."""
+def _parse(value: bytes | None, as_doubles: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Bytes → JSON object, or :class:`DecodeError` with the reason (``as_doubles``: as
+    :func:`_plain_object`)."""
     if value is None:
         raise DecodeError(Reason.NULL_VALUE.value, "record value is null (tombstone)")
     raw = value if isinstance(value, bytes) else bytes(value)
-    plain = _plain_object(raw)
+    plain = _plain_object(raw, as_doubles)
     if plain is not None:
         return plain
     try:
@@ -324,7 +332,7 @@ def decode_review(value: bytes | None, source: KafkaCoordinates,
             assert mapping.schema_registry_url is not None  # FieldMapping checks it
             obj = decode_avro(value, registry_client(mapping.schema_registry_url))
         else:
-            obj = _parse(value)
+            obj = _parse(value, mapping.feature_only_names)
         features: tuple[float, ...] | None = None
         text_pair: str | None = None
         prompt: tuple[tuple[str, str], ...] = ()
@@ -404,6 +412,7 @@ def _prompt_values(obj: dict[str, Any], mapping: FieldMapping) -> tuple[tuple[st
 
 
 _NUMBER_TYPES = {int, float}
+_FLOAT_TYPE = {float}
 
 
 def _number(pointer: str, value: Any) -> float:
@@ -429,7 +438,10 @@ def _features(obj: dict[str, Any], mapping: FieldMapping) -> tuple[float, ...]:
         return (_number(pointer, value),)
     if not value:
         raise DecodeError(Reason.BAD_FEATURE.value, f"'{pointer}' is an empty array")
-    if set(map(type, value)) <= _NUMBER_TYPES:  # every element an int or a float (a bool is neither)
+    types = set(map(type, value))
+    if types == _FLOAT_TYPE:  # every element a float already: no conversion
+        return tuple(value)
+    if types <= _NUMBER_TYPES:  # every element an int or a float (a bool is neither)
         try:
             return tuple(map(float, value))
         except OverflowError:  # an int past a double's range: named below

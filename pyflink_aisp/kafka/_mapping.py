@@ -128,6 +128,7 @@ class FieldMapping:
     keep_paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
     feature_paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
     prompt_paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
+    feature_only_names: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep", tuple(self.keep))
@@ -163,6 +164,17 @@ class FieldMapping:
         if clash:
             raise ConfigError(f"kept fields would write {clash} twice or over the output's own id / "
                               "model_sha256: keep each name once")
+        object.__setattr__(self, "feature_only_names", self._feature_only_names())
+
+    def _feature_only_names(self) -> frozenset[str]:
+        """The top-level fields only the features read (the decoder reads them as doubles): not the
+        id's, a kept one (every one outside :attr:`keep_all_skips` with ``*``), nor ``label``."""
+        named = {path[0] for path in self.feature_paths if path}
+        others = [self.id_path, self.text_path, self.text_pair_path, *self.keep_paths, *self.prompt_paths]
+        named -= {path[0] for path in others if path}
+        if self.keep_all:
+            named &= self.keep_all_skips
+        return frozenset(named - {"label"})
 
     def _set_prompt_paths(self) -> None:
         if self.prompt_fields and (self.value_format is ValueFormat.RAW or self.features):

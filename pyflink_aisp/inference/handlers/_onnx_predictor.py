@@ -59,6 +59,21 @@ _VECTOR = {"tensor(float)": SqlType.ARRAY_FLOAT, "tensor(float16)": SqlType.ARRA
            "tensor(double)": SqlType.ARRAY_DOUBLE, "tensor(string)": SqlType.ARRAY_STRING}
 
 
+def feature_matrix(examples: Sequence[Any], dtype: Any, width: int | None) -> npt.NDArray[Any] | None:
+    """``k`` feature vectors → ``(k, width)`` of ``dtype`` in one numpy conversion, or None where
+    the vectors are not all one-dimensional numbers of ``width`` (any one width where None) or
+    there are none: the caller then converts them one by one to name the bad one."""
+    if not examples:
+        return None
+    try:
+        matrix = np.array(examples, dtype=dtype)
+    except (TypeError, ValueError):  # ragged rows, or an element that is not a number
+        return None
+    if matrix.ndim != 2 or (width is not None and matrix.shape[1] != width):
+        return None
+    return matrix
+
+
 def output_field_name(output: str) -> str:
     """The output field of a model output named ``output``: lower case, other characters ``_``,
     ``out_`` before a name that does not start with a letter or ``_``."""
@@ -148,6 +163,9 @@ class PredictorModel:
             ValueError: A vector is not one-dimensional numbers of the model's width, or
                 the vectors differ in width.
         """
+        matrix = feature_matrix(examples, self.dtype, self.n_features)
+        if matrix is not None:
+            return matrix
         rows = [np.asarray(x, dtype=self.dtype) for x in examples]
         for row in rows:
             if row.ndim != 1 or (self.n_features is not None and row.shape[0] != self.n_features):

@@ -169,3 +169,23 @@ def test_hot_swap_takes_a_retrained_model_with_the_same_fields_and_refuses_other
     other = _graph(tmp_path, [x], [y], name="other.onnx")
     with pytest.raises(ModelError, match=r"gives the fields \['score'\].*not the serving model's"):
         handler.load_version(other, sha256_file(other))
+
+
+@pytest.mark.parametrize(("rows", "width", "shape"), [
+    ([(0.5, 1, 2.5), [3.0, -1.0, 0.0]], 3, (2, 3)),     # tuples and lists, ints among floats
+    ([(0.5, 1.0)], None, (1, 2)),                       # any width where the model declares none
+    ([(0.5, 1.0), (2.0,)], None, None),                 # ragged: the rows are read one by one
+    ([(0.5, 1.0)], 3, None),                            # not the model's width
+    ([(0.5, "x")], 2, None),                            # not a number
+    ([[[0.5, 1.0]]], 2, None),                          # a row of two dimensions
+    ([], 2, None),
+])
+def test_feature_vectors_become_one_matrix_in_one_conversion(rows, width, shape):
+    from pyflink_aisp.inference.handlers._onnx_predictor import feature_matrix
+
+    got = feature_matrix(rows, np.float32, width)
+    if shape is None:
+        assert got is None
+    else:
+        assert got.dtype == np.float32 and got.shape == shape
+        np.testing.assert_array_equal(got, np.stack([np.asarray(r, dtype=np.float32) for r in rows]))

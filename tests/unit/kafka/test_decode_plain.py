@@ -17,7 +17,7 @@ FEATURES = FieldMapping(features=("/embedding",), id="/tx")
 def _both(value: bytes, mapping: FieldMapping, monkeypatch: pytest.MonkeyPatch):
     fast = decode_review(value, SRC, mapping)
     with monkeypatch.context() as m:
-        m.setattr(_decode, "_plain_object", lambda raw: None)
+        m.setattr(_decode, "_plain_object", lambda raw, as_doubles=frozenset(): None)
         slow = decode_review(value, SRC, mapping)
     return fast, slow
 
@@ -77,11 +77,47 @@ def test_every_document_gets_the_same_outcome_on_both_paths(value, monkeypatch):
         assert fast == slow
 
 
-def test_a_vector_with_numbers_past_64_bits_takes_the_standard_librarys_path(monkeypatch):
-    raw = b'{"tx": "r1", "embedding": [0.5, 1.7976931348623157e308, -3e200, 7]}'
-    assert _decode._plain_object(raw) is None
+def test_a_vector_with_numbers_past_64_bits_decodes_alike_on_both_paths(monkeypatch):
+    """A field only the features read is read as doubles on both paths: there orjson's nearest double
+    for a wide integer literal is ``float(int)``, ties included (2**64 + 2**11 lies halfway)."""
+    wide = ["123456789012345678901234567890", "18446744073709551616", "-9223372036854775809",
+            str(2**64 + 2**11), str(2**64 + 3 * 2**11), str(-(2**100 + 2**47)), "9" * 308]
+    numbers = ", ".join(["0.5", "1.7976931348623157e308", "-3e200", "7", *wide])
+    raw = b'{"tx": "r1", "embedding": [' + numbers.encode() + b"]}"
+    assert _decode._plain_object(raw) is None  # where any field may be read as an integer
+    assert _decode._plain_object(raw, FEATURES.feature_only_names) is not None
     fast, slow = _both(raw, FEATURES, monkeypatch)
-    assert fast == slow and fast.features == (0.5, 1.7976931348623157e308, -3e200, 7.0)
+    assert isinstance(fast, DecodedRecord) and fast == slow
+    assert fast.features == (0.5, 1.7976931348623157e308, -3e200, 7.0, *(float(int(w)) for w in wide))
+    assert struct.pack("<11d", *fast.features) == struct.pack("<11d", *slow.features)
+
+
+@pytest.mark.parametrize("mapping", [
+    FieldMapping(features=("/embedding",), id="/tx", keep=("/embedding",)),  # kept as written
+    FieldMapping(features=("/embedding/1",), id="/tx", keep=("*",)),          # kept by '*'
+    FieldMapping(features=("/embedding",), id="/embedding"),                  # the id's field too
+    FieldMapping(features=("/label",), id="/tx"),                             # the label is read too
+])
+def test_a_wide_integer_another_reader_sees_takes_the_standard_librarys_path(mapping, monkeypatch):
+    name = mapping.features[0].split("/")[1]
+    raw = b'{"tx": "r1", "' + name.encode() + b'": [0.5, 123456789012345678901234567890]}'
+    assert mapping.feature_only_names == frozenset()
+    assert _decode._plain_object(raw, mapping.feature_only_names) is None
+    fast, slow = _both(raw, mapping, monkeypatch)
+    if isinstance(slow, DeadLettered):
+        assert isinstance(fast, DeadLettered) and (fast.reason, fast.detail) == (slow.reason, slow.detail)
+    else:
+        assert fast == slow
+        assert dict(fast.kept).get("embedding", [0, 123456789012345678901234567890])[1] == \
+            123456789012345678901234567890  # exact where it is kept
+
+
+def test_the_fields_only_the_features_read():
+    assert FEATURES.feature_only_names == frozenset({"embedding"})
+    assert FieldMapping(features=("/embedding",), id="/tx", keep=("*",)).feature_only_names == {"embedding"}
+    assert FieldMapping(features=("/a", "/b", "/label"), id="/a").feature_only_names == {"b"}
+    assert FieldMapping(features=("/v/0",), keep=("/v",)).feature_only_names == frozenset()
+    assert FieldMapping().feature_only_names == frozenset()
 
 
 def test_wide_integers_stay_exact():
@@ -128,7 +164,9 @@ def test_both_paths_agree_on_random_and_mangled_documents(monkeypatch):
     """Random objects of the atoms above (every edge of both parsers), a third of them with bytes
     deleted, inserted or replaced; each decoded with every kind of mapping."""
     rng = random.Random(20261207)
-    mappings = [FieldMapping(), FEATURES, FieldMapping(text="/a", keep=("*",))]
+    mappings = [FieldMapping(), FEATURES, FieldMapping(text="/a", keep=("*",)),
+                FieldMapping(features=("/a",), id="/tx"), FieldMapping(features=("/embedding",), keep=("*",)),
+                FieldMapping(features=("/embedding",), id="/tx", keep=("/embedding",))]
     plain = 0
     for _ in range(3000):
         doc = _document(rng)

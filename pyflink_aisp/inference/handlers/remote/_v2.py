@@ -62,7 +62,7 @@ import numpy.typing as npt
 
 from pyflink_aisp.errors import ConfigError, ModelError, RemoteError
 from pyflink_aisp.inference._handler import ModelHandler, Prepared, as_list
-from pyflink_aisp.inference.handlers._onnx_predictor import output_field_name
+from pyflink_aisp.inference.handlers._onnx_predictor import feature_matrix, output_field_name
 from pyflink_aisp.inference.handlers.remote._call_log import CallLog, CallLogConfig, answer_with_log, call_key
 from pyflink_aisp.inference.handlers.remote._client import (
     RawBody,
@@ -175,6 +175,9 @@ class V2Model:
             texts = np.array(list(examples), dtype=object)
             return texts.reshape(-1, 1) if self.plan.rank == 2 else texts
         dtype = _FLOATS[self.plan.datatype]
+        matrix = feature_matrix(examples, dtype, self.plan.n_features)
+        if matrix is not None and np.isfinite(matrix).all():
+            return matrix
         rows = [np.asarray(x, dtype=dtype) for x in examples]
         for row in rows:
             if row.ndim == 1 and not np.isfinite(row).all():

@@ -269,3 +269,20 @@ def test_a_text_model_takes_one_bytes_input_and_the_texts_go_as_strings() -> Non
 def test_an_input_of_the_other_kind_is_refused_with_a_hint(inputs, texts, message) -> None:
     with pytest.raises(ModelError, match=message):
         _plan("m", {**TEXT_META, "inputs": inputs}, texts=texts)
+
+
+def test_a_batch_with_a_nan_or_a_ragged_row_names_the_fault_before_any_request() -> None:
+    handler = V2PredictorHandler(url="http://s", model="risk")
+    requests: list = []
+    model = _model(handler, _server(requests))
+    try:
+        assert model.stack([[1.0, 2.0, 3.0], (4, 5, 6)]).tolist() == [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+        with pytest.raises(ValueError, match="holds NaN or infinity"):
+            model.stack([[1.0, 2.0, 3.0], [float("nan"), 0.0, 1.0]])
+        with pytest.raises(ValueError, match="holds NaN or infinity"):
+            model.stack([[1.0, 2.0, 1e39]])  # past float32's range after the cast
+        with pytest.raises(ValueError, match=r"expected a \(3,\) feature vector, got shape \(2,\)"):
+            model.stack([[1.0, 2.0, 3.0], [1.0, 2.0]])
+    finally:
+        handler.release_model(model)
+    assert requests == []
