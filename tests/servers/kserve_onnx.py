@@ -63,8 +63,10 @@ class OnnxModel(Model):
         for arg, value in zip(self.session.get_outputs(), values, strict=True):
             value = np.asarray(value)
             out = InferOutput(name=arg.name, shape=list(value.shape), datatype=_V2_TYPES[arg.type])
+            # binary where the request asks for it (gRPC with raw inputs, REST with binary_data_output),
+            # as KServe's own servers set it (kserve.utils.get_predict_response): no Python list between
             out.set_data_from_numpy(value.astype(object) if arg.type == "tensor(string)" else value,
-                                    binary_data=False)
+                                    binary_data=payload.use_binary_outputs)
             outputs.append(out)
         # the outputs asked for, binary where asked (the binary tensor data extension), as KServe's own do
         return InferResponse(response_id=payload.id or "", model_name=self.name, infer_outputs=outputs,

@@ -874,3 +874,17 @@ def test_a_given_jvm_jit_is_refused_where_the_jvm_already_runs(monkeypatch: pyte
                                           r"env\.java\.opts\.taskmanager: -XX:TieredStopAtLevel=1"):
         start_gateway(PipelineOptions.from_args([*BASE, "--jvm-jit", "c1"]))
     start_gateway(PipelineOptions.from_args([*BASE, "--latency-slo-ms", "100"]))  # derived: left to that JVM
+
+
+def test_a_remote_models_batch_is_as_many_full_requests_as_may_be_in_flight() -> None:
+    """A request never holds more than one model batch: with the in-process default (32) a job of
+    64 rows per request sent 32 and one request at a time."""
+    remote = {"remote_url": "grpc://127.0.0.1:8081", "remote_model": "intent_head", "feature_fields": "/e"}
+    assert job(**remote).batching().max_batch_size == 64 * 64
+    assert job(**remote, remote_rows_per_request=16, remote_max_concurrency=8).max_batch_size == 128
+    assert job(**remote, max_batch_size=16).batching().max_batch_size == 16  # a given one holds
+    embeddings = {"remote_url": "http://127.0.0.1:8080", "remote_model": "e",
+                  "remote_api": RemoteApi.OPENAI_EMBEDDINGS}
+    assert job(**embeddings, operator=Runner.ASYNC).max_batch_size == 256  # within --capacity
+    sql = InferenceOptions(remote_url="grpc://127.0.0.1:8081", remote_model="intent_head")  # a SQL function's
+    assert job().max_batch_size == 32 and sql.max_batch_size == 4096
