@@ -165,10 +165,7 @@ def _binding_table(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
         return []
 
     def rate(name: str) -> float | None:
-        runs = rows.get(name)
-        if not runs:
-            return None
-        return statistics.median(float(r["records"] / r.get("output_span_s", r["span_s"])) for r in runs)
+        return _span_rate(rows, name)
 
     flink = None if _refused(rows) else rate(TRITON if old else TRITON_DIRECT)
     kinds = [("REST", rest), ("REST binary", f"{DIRECT} REST binary, {{}}"), ("gRPC", "remote gRPC, {}")]
@@ -189,6 +186,14 @@ def _binding_table(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
             cells += [f"{r / flink:.2f}x" for r in rates]
         lines.append("| " + " | ".join(cells) + " |")
     return [*lines, ""]
+
+
+def _span_rate(rows: dict[str, list[dict[str, Any]]], name: str) -> float | None:
+    """The median records/s of case ``name`` by its output span; None where it did not run."""
+    runs = rows.get(name)
+    if not runs:
+        return None
+    return statistics.median(float(r["records"] / r.get("output_span_s", r["span_s"])) for r in runs)
 
 
 def _refused(rows: dict[str, list[dict[str, Any]]]) -> str | None:
@@ -226,16 +231,24 @@ def section(results: dict[str, Any]) -> str:
         if TRITON_DIRECT in rows:
             through, direct = (statistics.median(r["records"] / r["output_span_s"] for r in rows[TRITON]),
                                statistics.median(r["records"] / r["span_s"] for r in rows[TRITON_DIRECT]))
+            ours = [(size, _span_rate(rows, f"remote, {size} rows per request"),
+                     _span_rate(rows, f"{DIRECT} REST, {size} rows per request")) for size in (16, 64)]
+            ours_text = "; ".join(f"ours over REST at {size} rows per request {a:.0f} through it and {b:.0f} "
+                                  "straight" for size, a, b in ours if a is not None and b is not None)
             lines += [f"The proxy is a Python process on the same two cores: {TRITON}'s one request per row "
                       f"made {through:.0f} records/s through it and {direct:.0f} straight to the server "
-                      "(output spans), while ours at 16 or 64 rows per request ran at about the same rate "
-                      "either way. The second table is the fair comparison.", ""]
+                      f"(output spans){'; ' + ours_text if ours_text else ''}. The second table is the fair "
+                      "comparison.", ""]
             if rows.get("in process"):
                 ceiling = statistics.median(r["records_per_s"] for r in rows["in process"])
+                grpc = max((_span_rate(rows, n) or 0.0 for n in rows if n.startswith("remote gRPC")),
+                           default=0.0)
                 lines += [f"The job with the head in process (no server, no request) made {ceiling:.0f} "
-                          f"records/s, {ceiling / direct:.2f}x {TRITON} straight to the server: on this "
-                          "machine that is the most any remote binding of the job could reach, whatever "
-                          "the server.", ""]
+                          f"records/s, {ceiling / direct:.2f}x {TRITON} straight to the server"
+                          + (f"; over gRPC it made up to {grpc:.0f}: the head then runs in the server's "
+                             "process, beside the job's Python worker, not in it." if grpc > ceiling else
+                             ": on this machine that is about the most a remote binding of the job could "
+                             "reach, whatever the server."), ""]
     if refused:
         lines += [f"{TRITON} refuses every model at planning, before any request: `{refused}` (its "
                   "single-column check in `AbstractTritonModelFunction` fails whatever the column's type; "
