@@ -245,8 +245,10 @@ def section(results: dict[str, Any]) -> str:
                            default=0.0)
                 lines += [f"The job with the head in process (no server, no request) made {ceiling:.0f} "
                           f"records/s, {ceiling / direct:.2f}x {TRITON} straight to the server"
-                          + (f"; over gRPC it made up to {grpc:.0f}: the head then runs in the server's "
-                             "process, beside the job's Python worker, not in it." if grpc > ceiling else
+                          + (f"; over gRPC it made up to {grpc:.0f}, as much within the spread "
+                             "of the rounds: the head is a small part of the job's work beside decoding and "
+                             "rendering the records, and the binding adds little to it."
+                             if grpc > 0.9 * ceiling else
                              ": on this machine that is about the most a remote binding of the job could "
                              "reach, whatever the server."), ""]
     if refused:
