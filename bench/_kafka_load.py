@@ -32,6 +32,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 __all__ = [
+    "EndOffsets",
     "LoadResult",
     "bench_broker",
     "collect_stamps",
@@ -209,20 +210,44 @@ def _retriable(exc: BaseException) -> bool:
     return isinstance(error, KafkaError) and (error.retriable() or error.code() in _NOT_READY)
 
 
-@retry(retry=retry_if_exception(_retriable), stop=stop_after_delay(30), wait=wait_exponential(0.1, max=2),
-       reraise=True)
 def end_offset(bootstrap: str, topic: str) -> int:
-    """Sum of the partitions' high watermarks (read_uncommitted end; transaction markers count).
-    Retriable Kafka errors are retried for up to 30 s."""
-    # librdkafka's default read_committed would return the last stable offset: open transactions hidden
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"aisp-bench-{time.monotonic_ns()}",
-                         "isolation.level": "read_uncommitted"})
-    try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-                   for p in meta.partitions)
-    finally:
-        consumer.close()
+    """Sum of the partitions' high watermarks (read_uncommitted end; transaction markers count), by a
+    consumer made for this one call. Retriable Kafka errors are retried for up to 30 s. To poll, use
+    :class:`EndOffsets`: a new client per call costs the broker a connection each time."""
+    with EndOffsets(bootstrap, topic) as offsets:
+        return offsets.end()
+
+
+class EndOffsets:
+    """One consumer that reads a topic's end offset again and again (a poll loop beside a job).
+
+    A consumer per poll costs the client a new connection and the broker a session each time, CPU
+    that the job under test would be charged for; this keeps one.
+    """
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        # librdkafka's default read_committed would return the last stable offset: open transactions hidden
+        self._consumer = Consumer({"bootstrap.servers": bootstrap,
+                                   "group.id": f"aisp-bench-{time.monotonic_ns()}",
+                                   "isolation.level": "read_uncommitted"})
+        self._topic = topic
+        self._partitions: list[TopicPartition] | None = None
+
+    def __enter__(self) -> EndOffsets:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._consumer.close()
+
+    @retry(retry=retry_if_exception(_retriable), stop=stop_after_delay(30),
+           wait=wait_exponential(0.1, max=2), reraise=True)
+    def end(self) -> int:
+        """Sum of the partitions' high watermarks, asked of the broker (not cached)."""
+        if not self._partitions:  # asked again until the topic has its partitions
+            meta = self._consumer.list_topics(self._topic, timeout=10).topics[self._topic]
+            self._partitions = [TopicPartition(self._topic, p) for p in meta.partitions]
+        return sum(self._consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+                   for tp in self._partitions)
 
 
 def join_latencies(

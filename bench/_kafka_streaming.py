@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from _job_runner import JobSettings, StreamingJob, command_line
 from _kafka_load import (
+    EndOffsets,
     collect_stamps,
     create_stamped_topics,
-    end_offset,
     join_latencies,
     missing,
     produce_all,
@@ -44,23 +44,24 @@ def _collect(job: StreamingJob, bootstrap: str, topic: str, want: int, timeout_s
              progress_every_s: float = 0.0) -> dict[str, int]:
     """Output stamps of ``want`` keys, checking each second that the job still runs.
 
-    Waits on the topic's end offset (cheap) and reads the records once it
-    reaches ``want``, so the reader takes little CPU from the job meanwhile.
+    Waits on the topic's end offset, asked each second by one consumer (:class:`EndOffsets`), and
+    reads the records once it reaches ``want``, so the reader takes little CPU from the job meanwhile.
     """
     stamps: dict[str, int] = {}
     deadline = time.monotonic() + timeout_s
     shown = time.monotonic()
-    while len(stamps) < want and time.monotonic() < deadline:
-        job.check_alive()
-        end = end_offset(bootstrap, topic)
-        if end >= want:
-            stamps = collect_stamps(bootstrap, topic, want=want,
-                                    timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
-        else:
-            time.sleep(1.0)
-        if progress_every_s and len(stamps) < want and time.monotonic() - shown >= progress_every_s:
-            shown = time.monotonic()
-            print(f"    {topic}: {end:,}/{want:,} outputs", flush=True)
+    with EndOffsets(bootstrap, topic) as offsets:
+        while len(stamps) < want and time.monotonic() < deadline:
+            job.check_alive()
+            end = offsets.end()
+            if end >= want:
+                stamps = collect_stamps(bootstrap, topic, want=want,
+                                        timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
+            else:
+                time.sleep(1.0)
+            if progress_every_s and len(stamps) < want and time.monotonic() - shown >= progress_every_s:
+                shown = time.monotonic()
+                print(f"    {topic}: {end:,}/{want:,} outputs", flush=True)
     return stamps
 
 

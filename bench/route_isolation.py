@@ -57,7 +57,7 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
-from _kafka_load import collect_stamps, create_stamped_topics, end_offset, join_latencies, missing
+from _kafka_load import EndOffsets, collect_stamps, create_stamped_topics, join_latencies, missing
 from _markdown import replace_section
 from _report import machine
 from confluent_kafka import Producer
@@ -263,10 +263,11 @@ def await_ready(bootstrap: str, topic: str, texts: list[str], case: Case) -> int
     ready = 2 * READY_PER_KIND
     produce_kinds(bootstrap, topic, texts[:ready], rate_per_kind=0, seconds=0, prefix="ready-")
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while end_offset(bootstrap, f"{topic}-out") < ready:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{case.name}: the job did not answer within {STARTUP_TIMEOUT_S:.0f} s")
-        time.sleep(1.0)
+    with EndOffsets(bootstrap, f"{topic}-out") as offsets:
+        while offsets.end() < ready:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{case.name}: the job did not answer within {STARTUP_TIMEOUT_S:.0f} s")
+            time.sleep(1.0)
     return ready
 
 
