@@ -173,20 +173,22 @@ def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
     if options.remote_url is not None:
         return remote_handler(options)
     threads = options.intra_op_threads or None
+    spin = options.effective_spin_wait
     providers, device_id = onnx_providers(options)
     if options.predictor is not None:
         return OnnxPredictorHandler(model_path=options.predictor, intra_op_num_threads=threads,
-                                    providers=providers, device_id=device_id)
+                                    allow_spinning=spin, providers=providers, device_id=device_id)
     if options.encoder_onnx is not None:
         assert options.encoder_tokenizer is not None  # InferenceOptions checks they go together
         return OnnxEncoderHandler(
             model_path=options.encoder_onnx, tokenizer_path=options.encoder_tokenizer,
             output=options.encoder_output, pooling=options.encoder_pooling,
             normalize=options.encoder_normalize, intra_op_num_threads=threads,
-            providers=providers, device_id=device_id)
+            allow_spinning=spin, providers=providers, device_id=device_id)
     if options.classifier is not None:
         return OnnxClassifierHandler(model_dir=options.classifier, top_k=options.top_k,
-                                     intra_op_num_threads=threads, providers=providers, device_id=device_id)
+                                     intra_op_num_threads=threads, allow_spinning=spin,
+                                     providers=providers, device_id=device_id)
     if options.runtime is InferenceRuntime.TORCH:
         return TorchSentimentHandler(model_assets(options), device=options.resolved_device,
                                      intra_op_num_threads=threads, precision=options.precision.value,
@@ -194,5 +196,5 @@ def handler_for(options: InferenceOptions) -> ModelHandler[Any, Any, Any]:
     profiling = None if options.onnx_profile_dir is None else OrtProfiling(
         directory=options.onnx_profile_dir.resolve(), runs=options.onnx_profile_runs)
     return SentimentHandler(model_assets(options), intra_op_num_threads=threads, providers=providers,
-                            device_id=device_id, allow_spinning=options.effective_spin_wait,
+                            device_id=device_id, allow_spinning=spin,
                             concurrent_runs=options.concurrent_runs, profiling=profiling)

@@ -115,6 +115,8 @@ class OnnxClassifierHandler(OnnxEncoderHandler):
         providers: ONNX Runtime execution providers (default CPU).
         device_id: CUDA device of a GPU provider.
         intra_op_num_threads: ORT intra-op threads (None: ORT's default).
+        allow_spinning: ORT intra-op threads spin-wait between runs (session config
+            ``session.intra_op.allow_spinning``); None: ORT's default (spinning).
 
     Raises:
         ConfigError: ``top_k`` < 0, or as :class:`OnnxEncoderHandler`.
@@ -132,6 +134,7 @@ class OnnxClassifierHandler(OnnxEncoderHandler):
         providers: Sequence[ProviderSpec] = (ExecutionProvider.CPU,),
         device_id: int | None = None,
         intra_op_num_threads: int | None = None,
+        allow_spinning: bool | None = None,
     ) -> None:
         directory = Path(model_dir)
         missing = [n for n in ("config.json", "tokenizer.json", "model.onnx")
@@ -144,7 +147,8 @@ class OnnxClassifierHandler(OnnxEncoderHandler):
         self._task = ClassificationTask(labels=self._classifier.labels, top_k=top_k)
         super().__init__(model_path=directory / "model.onnx", tokenizer_path=directory / "tokenizer.json",
                          output=output, pooling=Pooling.NONE, max_length=max_length, providers=providers,
-                         device_id=device_id, intra_op_num_threads=intra_op_num_threads)
+                         device_id=device_id, intra_op_num_threads=intra_op_num_threads,
+                         allow_spinning=allow_spinning)
 
     @property
     def labels(self) -> tuple[str, ...]:

@@ -155,6 +155,8 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
         providers: ONNX Runtime execution providers in priority order (default CPU).
         device_id: CUDA device of the CUDA/TensorRT providers (None: their option, else 0).
         intra_op_num_threads: ORT intra-op threads; None: ORT's default (one per physical core).
+        allow_spinning: ORT intra-op threads spin-wait between runs (session config
+            ``session.intra_op.allow_spinning``); None: ORT's default (spinning).
 
     Raises:
         ConfigError: A bad pooling name, ``max_length`` or thread count < 1, a
@@ -175,6 +177,7 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
         providers: Sequence[ProviderSpec] = (ExecutionProvider.CPU,),
         device_id: int | None = None,
         intra_op_num_threads: int | None = None,
+        allow_spinning: bool | None = None,
     ) -> None:
         super().__init__(max_length=max_length, intra_op_num_threads=intra_op_num_threads)
         if output is not None and (not isinstance(output, str) or not output):
@@ -189,6 +192,7 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
         self._providers = normalize_providers(providers, device_id)
         self._device = provider_device(self._providers)
         self._threads = intra_op_num_threads
+        self._allow_spinning = allow_spinning
         self._width: int | None = None
 
     def _version_inputs(self) -> tuple[str, list[Path], dict[str, str]]:
@@ -261,7 +265,7 @@ class OnnxEncoderHandler(TextEncoderHandler[OnnxEncoderModel]):
         )
         names, options = _split_providers(self._providers)
         session = open_session(model_path, str(model_path), list(zip(names, options, strict=True)),
-                               intra_op_num_threads=self._threads)
+                               intra_op_num_threads=self._threads, allow_spinning=self._allow_spinning)
         feeds = self._plan_feeds(session, model_path)
         output = self._plan_output(session, model_path)
         io = DeviceIO(session, [output], self._device) if self._device != "cpu" else None

@@ -199,6 +199,8 @@ class OnnxPredictorHandler(ModelHandler[Any, dict[str, Any], PredictorModel]):
         providers: ONNX Runtime execution providers (default CPU).
         device_id: CUDA device of a GPU provider.
         intra_op_num_threads: ORT intra-op threads (None: ORT's default).
+        allow_spinning: ORT intra-op threads spin-wait between runs (session config
+            ``session.intra_op.allow_spinning``); None: ORT's default (spinning).
 
     Raises:
         ConfigError: ``intra_op_num_threads`` < 1, or bad providers.
@@ -212,6 +214,7 @@ class OnnxPredictorHandler(ModelHandler[Any, dict[str, Any], PredictorModel]):
         providers: Sequence[ProviderSpec] = (ExecutionProvider.CPU,),
         device_id: int | None = None,
         intra_op_num_threads: int | None = None,
+        allow_spinning: bool | None = None,
     ) -> None:
         if intra_op_num_threads is not None and intra_op_num_threads < 1:
             raise ConfigError(f"intra_op_num_threads must be >= 1 or None, got {intra_op_num_threads}")
@@ -222,6 +225,7 @@ class OnnxPredictorHandler(ModelHandler[Any, dict[str, Any], PredictorModel]):
         self._providers = list(zip(names, options, strict=True))
         self._device = provider_device(self._providers)
         self._threads = intra_op_num_threads
+        self._allow_spinning = allow_spinning
         self._version: str | None = None
         self._task: PredictionTask | None = None
 
@@ -274,7 +278,7 @@ class OnnxPredictorHandler(ModelHandler[Any, dict[str, Any], PredictorModel]):
             raise ChecksumError(str(self._path), self._version, actual)
         self._version = actual
         session = open_session(self._path, f"numeric model {actual[:12]}", self._providers,
-                               intra_op_num_threads=self._threads)
+                               intra_op_num_threads=self._threads, allow_spinning=self._allow_spinning)
         name, dtype, width = _plan_input(session, self._path)
         return PredictorModel(session, name, dtype, width, predictor_fields(session, self._path))
 
@@ -289,7 +293,7 @@ class OnnxPredictorHandler(ModelHandler[Any, dict[str, Any], PredictorModel]):
         """
         verify_sha256(path, sha256)
         session = open_session(Path(path), f"numeric model {sha256[:12]}", self._providers,
-                               intra_op_num_threads=self._threads)
+                               intra_op_num_threads=self._threads, allow_spinning=self._allow_spinning)
         name, dtype, width = _plan_input(session, Path(path))
         fields = predictor_fields(session, Path(path))
         current = self.task().fields

@@ -27,9 +27,13 @@ def head(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def embeddings(tmp_path_factory):
+def encoder_dir(tmp_path_factory):
+    return build_minilm_encoder(tmp_path_factory.mktemp("minilm"))
+
+
+@pytest.fixture(scope="module")
+def embeddings(encoder_dir):
     """all-MiniLM-L6-v2 embeddings (mean pooled, normalised) of 40 real review snippets."""
-    encoder_dir = build_minilm_encoder(tmp_path_factory.mktemp("minilm"))
     encoder = OnnxEncoderHandler(model_path=encoder_dir / "model.onnx",
                                  tokenizer_path=encoder_dir / "tokenizer.json", pooling=Pooling.NONE)
     texts = [r.text for r in load_rotten_tomatoes()[:40]]
@@ -189,3 +193,12 @@ def test_feature_vectors_become_one_matrix_in_one_conversion(rows, width, shape)
     else:
         assert got.dtype == np.float32 and got.shape == shape
         np.testing.assert_array_equal(got, np.stack([np.asarray(r, dtype=np.float32) for r in rows]))
+
+
+@pytest.mark.parametrize(("allow", "entry"), [(True, "1"), (False, "0")])
+def test_an_encoders_session_spins_as_asked(encoder_dir, allow, entry):
+    encoder = OnnxEncoderHandler(model_path=encoder_dir / "model.onnx",
+                                 tokenizer_path=encoder_dir / "tokenizer.json", pooling=Pooling.NONE,
+                                 allow_spinning=allow)
+    session = encoder.load_model().session
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == entry
