@@ -242,6 +242,11 @@ def _notes(results: dict[str, Any]) -> list[str]:
         "model load). Outputs leave PyFlink's Python worker in bursts at bundle ends, so output spacing "
         "alone would mislead.",
     ]
+    warm = results.get("broker_warmup", {})
+    if warm.get("records"):
+        lines.append(f"- Before the first measured job, one job ran over {warm['records']:,} reviews on the "
+                     "fresh bench broker, outputs discarded: the first exactly-once job on a new broker JVM "
+                     "also pays that JVM's JIT warm-up, which a long-running broker has done long before.")
     if worker:
         lines.append("- (b), (c): Table API jobs on a MiniCluster in the benchmark's process, BATCH mode, "
                      "`from_elements` → UDF → `blackhole`, PyFlink's default Python-worker settings: "

@@ -63,7 +63,7 @@ from typing import Any
 
 import _report
 from _job_runner import JobSettings, job_flags
-from _kafka_streaming import latency_run, throughput_run
+from _kafka_streaming import latency_run, throughput_run, warm_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ("a", "r", "b", "c", "d", "e", "async", "latency", "slo")
@@ -77,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reviews", type=int, default=None, help="first N reviews (default: all 12,808)")
     p.add_argument("--load-seconds", type=float, default=30.0, help="length of each latency load phase")
     p.add_argument("--warmup-seconds", type=float, default=5.0, help="discarded start of each load phase")
+    p.add_argument("--broker-warmup", type=int, default=2000,
+                   help="records of one unmeasured job on each fresh bench broker before its first "
+                        "measured job (0: none)")
     p.add_argument("--loads", default="0.3,0.6,0.9", help="offered loads, fractions of (e)'s throughput")
     p.add_argument("--slo-ms", type=float, default=100.0, help="--latency-slo-ms of the SLO runs")
     p.add_argument("--skip", default="", help=f"comma-separated parts to skip: {','.join(CASES)}")
@@ -277,6 +280,8 @@ def run_streaming(args: argparse.Namespace, assets: Any, texts: list[str], resul
     slos: list[float | None] = [None] if slo_problem else [None, args.slo_ms]
     with bench_broker() as bootstrap:
         print(f"[e] broker at {bootstrap}", flush=True)
+        results["broker_warmup"] = warm_broker(bootstrap, texts, _settings(args, bootstrap, assets, None),
+                                               log_dir=log_dir, records=args.broker_warmup)
         if "e" not in args.skip:
             cases = [("e" if slo is None else "e + SLO", slo, ()) for slo in slos]
             if "async" not in args.skip:
@@ -327,6 +332,8 @@ def run_round(k: int, args: argparse.Namespace, assets: Any, texts: list[str], r
     print(f"[round {k}] job, 30 % load, then the plain loop alone ...", flush=True)
     row: dict[str, Any] = {"round": k}
     with bench_broker() as bootstrap:
+        warm_broker(bootstrap, texts, _settings(args, bootstrap, assets, None), log_dir=log_dir,
+                    records=args.broker_warmup)
         e = throughput_run(bootstrap, texts, _settings(args, bootstrap, assets, None), log_dir=log_dir,
                            tag=f"e-round-{k}", partitions=args.input_partitions)
         base = results.get("latency_base_per_s")
