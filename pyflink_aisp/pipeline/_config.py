@@ -138,7 +138,7 @@ class InferenceOptions(RemoteOptions):
         "cluster at taskmanager.numberOfTaskSlots, the most of them one TaskManager holds).", unit='batches',
         job_param='aisp.batch.pipeline-depth', nullable=True, minimum=1)
     latency_slo_ms: float | None = opt(None, B, 'p99 target of the inference operator: shorter bundles (SLO '
-        "/ 30), no ORT spin-wait and, in a local run, C1 only (--jvm-jit); the async operator's batch size "
+        "/ 30) and, in a local run, C1 only (--jvm-jit); the async operator's batch size "
         'and wait are tuned online within their maxima.', unit='ms',
         job_param='aisp.latency-slo-ms', nullable=True, minimum=0.001)
     max_failure_rate: float | None = opt(0.5, M, 'Circuit breaker: fail the job (Flink restarts it from the '
@@ -188,8 +188,9 @@ class InferenceOptions(RemoteOptions):
         'core, shared among the concurrent runs of --pipeline-depth).',
         job_param='aisp.onnx.intra-op-threads', minimum=0)
     onnx_spin_wait: bool | None = opt(None, M, 'ONNX Runtime intra-op threads spin between runs (true: '
-        'fastest back-to-back batches; false: leaves idle CPU to the JVMs; default: false with '
-        "--latency-slo-ms, else ORT's default, true).", job_param='aisp.onnx.spin-wait', nullable=True)
+        "ORT's own default, for cores the model has to itself; false: a thread sleeps when its run ends and "
+        "leaves the core to the JVMs beside it; default: false, see decision record 7).",
+        job_param='aisp.onnx.spin-wait', nullable=True)
     onnx_profile_dir: Path | None = opt(None, M, "ONNX Runtime's profiler on the ONNX sentiment model: "
         'each worker writes a trace of its first --onnx-profile-runs runs here (Chrome trace JSON: one '
         "event per kernel, with the intra-op thread pool's run and wait times; bench/ort_profile_bench.py "
@@ -404,11 +405,9 @@ class InferenceOptions(RemoteOptions):
         return self.pipeline_depth or 1
 
     @property
-    def effective_spin_wait(self) -> bool | None:
-        """``onnx_spin_wait``, else off with a latency target, else None (ORT's default)."""
-        if self.onnx_spin_wait is not None:
-            return self.onnx_spin_wait
-        return False if self.latency_slo_ms is not None else None
+    def effective_spin_wait(self) -> bool:
+        """``onnx_spin_wait``, else off: the model shares its cores with the JVMs (decision record 7)."""
+        return bool(self.onnx_spin_wait)
 
     @property
     def resolved_device(self) -> str:

@@ -752,13 +752,14 @@ def test_job_parameters_format_survives_commas_colons_quotes_and_empty_values() 
 
 
 @pytest.mark.parametrize(("flags", "spin"), [
-    ([], None),                                       # ORT's default (spin)
-    (["--latency-slo-ms", "150"], False),             # a latency target: idle CPU goes to the JVMs
+    ([], False),                                      # the model shares its cores with the JVMs
+    (["--latency-slo-ms", "150"], False),
     (["--latency-slo-ms", "150", "--onnx-spin-wait", "true"], True),
+    (["--onnx-spin-wait", "true"], True),             # ORT's own default, asked for
     (["--onnx-spin-wait", "false"], False),
-    (["--onnx-spin-wait", "none"], None),
+    (["--onnx-spin-wait", "none"], False),
 ])
-def test_onnx_spin_wait_follows_the_latency_target_unless_set(flags: list[str], spin: bool | None) -> None:
+def test_onnx_spin_wait_is_off_unless_asked_for(flags: list[str], spin: bool) -> None:
     options = PipelineOptions.from_args([*BASE, *flags])
     assert options.effective_spin_wait is spin
     params = get_from(options.job_parameters())

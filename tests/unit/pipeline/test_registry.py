@@ -267,9 +267,10 @@ def test_manifests_name_the_files_of_the_model_the_job_runs(head, handler_module
     assert model_files(PipelineOptions(**base, handler=handler)) == {handler: "unversioned"}
 
 
-@pytest.mark.parametrize(("key", "entry"), [("true", "1"), ("false", "0")])
+@pytest.mark.parametrize(("key", "entry"), [("true", "1"), ("false", "0"), (None, "0")])
 def test_the_spin_wait_option_reaches_a_numeric_models_session(tmp_path, head, key, entry):
-    path = _write(tmp_path, f"models:\n  risk: {{task: predict, path: {head}, onnx-spin-wait: {key}}}\n")
+    spin = "" if key is None else f", onnx-spin-wait: {key}"  # none: off, the job's default
+    path = _write(tmp_path, f"models:\n  risk: {{task: predict, path: {head}{spin}}}\n")
     options = options_from_args(["--input-topic", "in", "--output-topic", "out", "--models", str(path),
                                  "--model", "risk", "--feature-fields", "/embedding"])
     session = handler_for(options).load_model().session
