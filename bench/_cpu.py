@@ -19,7 +19,8 @@ from typing import Any
 
 import psutil
 
-__all__ = ["JIT_THREADS", "Sampler", "cpu_snapshot", "jit_series", "jit_share"]
+__all__ = ["JIT_THREADS", "SAMPLER_ROLE", "Sampler", "cpu_snapshot", "jit_series", "jit_share",
+           "split_sampler"]
 
 #: HotSpot's JIT compiler threads, by their grouped name.
 JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
@@ -53,21 +54,52 @@ def _thread_name(pid: int, tid: int) -> str:
     return re.sub(r"[-_ ]?\d+$", "", name) or name  # "C2 CompilerThre0" -> one group per kind
 
 
-def cpu_snapshot() -> dict[tuple[str, str], float]:
-    """CPU seconds (user + system) per (process role, thread name), all processes."""
+#: The role of the :class:`Sampler`'s own thread (a thread of the bench's process, split out of ``bench``).
+SAMPLER_ROLE = "sampler"
+
+
+def cpu_snapshot(roles: dict[tuple[int, float], str] | None = None,
+                 names: dict[tuple[int, int], str] | None = None) -> dict[tuple[str, str], float]:
+    """CPU seconds (user + system) per (process role, thread name), all processes.
+
+    ``roles`` (by pid and start time) and ``names`` (by pid and thread id), when given, cache what
+    ``/proc`` said before, so a sampler reads each process's command line and each thread's name once.
+    """
+    roles = {} if roles is None else roles
+    names = {} if names is None else names
     out: dict[tuple[str, str], float] = defaultdict(float)
     for proc in psutil.process_iter():
         try:
-            role = _role(proc)
+            key = (proc.pid, proc.create_time())
+            role = roles.get(key) or roles.setdefault(key, _role(proc))
             for t in proc.threads():
-                out[(role, _thread_name(proc.pid, t.id))] += t.user_time + t.system_time
+                name = names.get((proc.pid, t.id)) or names.setdefault((proc.pid, t.id),
+                                                                       _thread_name(proc.pid, t.id))
+                out[(role, name)] += t.user_time + t.system_time
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return out
 
 
+def split_sampler(snapshot: dict[tuple[str, str], float], thread_name: str,
+                  sampler_s: float) -> dict[tuple[str, str], float]:
+    """``snapshot`` with the sampler thread's ``sampler_s`` CPU seconds moved from the ``bench`` role's
+    ``thread_name`` group (its ``/proc`` name, shared with the bench's other threads of that name) to
+    ``(SAMPLER_ROLE, "sampler")``; the total stays the same, and no group goes below zero."""
+    out = dict(snapshot)
+    key = ("bench", thread_name)
+    moved = min(sampler_s, out.get(key, 0.0))
+    out[key] = out.get(key, 0.0) - moved
+    out[(SAMPLER_ROLE, "sampler")] = moved
+    return out
+
+
 class Sampler:
-    """Snapshots every ``period_s`` in a thread; :meth:`between` diffs the two nearest a window."""
+    """Snapshots every ``period_s`` in a thread; :meth:`between` diffs the two nearest a window.
+
+    The sampler's own CPU (its thread's ``time.thread_time``) is moved out of the ``bench`` role into
+    :data:`SAMPLER_ROLE`, so a report can tell the measurement's cost from the bench's other work.
+    """
 
     def __init__(self, period_s: float = 1.0) -> None:
         self.period_s = period_s
@@ -76,8 +108,12 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        roles: dict[tuple[int, float], str] = {}
+        names: dict[tuple[int, int], str] = {}
+        own = (os.getpid(), threading.get_native_id())
         while not self._stop.is_set():
-            self.samples.append((time.time(), cpu_snapshot()))
+            snap = cpu_snapshot(roles, names)
+            self.samples.append((time.time(), split_sampler(snap, names.get(own, "?"), time.thread_time())))
             self._stop.wait(self.period_s)
 
     def __enter__(self) -> Sampler:

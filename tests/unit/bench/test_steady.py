@@ -3,8 +3,11 @@ the JVMs' JIT compilers are done, and the cores those compilers took (issue 24).
 
 from __future__ import annotations
 
+import os
+import time
 from types import ModuleType
 
+import psutil
 import pytest
 
 
@@ -42,3 +45,42 @@ def test_this_process_threads_are_seen_by_role_and_name(cpu) -> None:
     snapshot = cpu.cpu_snapshot()
     assert any(role == "bench" for role, _ in snapshot)  # this process, under its role
     assert all(seconds >= 0.0 for seconds in snapshot.values())
+
+
+def test_the_sampler_s_own_cpu_moves_from_the_bench_role_to_its_own(cpu) -> None:
+    snapshot = {("bench", "python"): 5.0, ("bench", "grpc"): 1.0, ("Flink JVM", "C2 CompilerThre"): 2.0}
+    split = cpu.split_sampler(snapshot, "python", 1.5)
+    assert split == {("bench", "python"): 3.5, ("bench", "grpc"): 1.0, ("Flink JVM", "C2 CompilerThre"): 2.0,
+                     (cpu.SAMPLER_ROLE, "sampler"): 1.5}
+    assert sum(split.values()) == pytest.approx(sum(snapshot.values()))  # moved, not added
+    assert snapshot[("bench", "python")] == 5.0  # the input stays as it was
+    # /proc's tick granularity can put the thread's group below what thread_time says: never negative
+    assert cpu.split_sampler({("bench", "python"): 0.01}, "python", 0.02) == {
+        ("bench", "python"): 0.0, (cpu.SAMPLER_ROLE, "sampler"): 0.01}
+
+
+def test_a_running_sampler_reports_its_own_cpu_and_the_bench_s_work(cpu) -> None:
+    with cpu.Sampler(period_s=0.05) as sampler:
+        while not sampler.samples:  # the first snapshot before the work
+            time.sleep(0.01)
+        deadline = time.thread_time() + 0.3
+        while time.thread_time() < deadline:  # the bench's main thread works meanwhile
+            pass
+        time.sleep(0.2)
+    first, last = sampler.samples[0], sampler.samples[-1]
+    wall, seconds = sampler.between(first[0], last[0])
+    assert wall > 0.0
+    assert last[1][(cpu.SAMPLER_ROLE, "sampler")] > 0.0  # each snapshot reads /proc: measured, not zero
+    assert sum(v for (role, _), v in seconds.items() if role == "bench") >= 0.25  # the busy loop
+
+
+def test_a_snapshot_reads_each_process_role_once_with_caches(cpu) -> None:
+    roles: dict = {}
+    names: dict = {}
+    first = cpu.cpu_snapshot(roles, names)
+    assert (os.getpid(), psutil.Process().create_time()) in roles
+    assert roles[(os.getpid(), psutil.Process().create_time())] == "bench"
+    cached = dict(roles)
+    second = cpu.cpu_snapshot(roles, names)
+    assert {k: v for k, v in roles.items() if k in cached} == cached
+    assert set(first) & set(second)  # the same (role, thread) keys, summed again
