@@ -7,8 +7,9 @@ Not a test. Issue 24's diagnosis bench, side by side in one run on one machine
   machine to itself (no broker, no JVM), before and after everything else;
   the judged baseline is their mean, and both are printed;
 - **job variants**: ``jobs/review_sentiment.py`` (STREAMING, exactly-once)
-  over the same preloaded texts, each beside the bench broker: the defaults;
-  ``--onnx-spin-wait false``; and spin-wait off with every JVM on the machine
+  over the same preloaded texts, each beside the bench broker: the defaults
+  (spin-wait off since 381dcb2); ``--onnx-spin-wait false`` and ``true`` (ORT's own
+  default, and the job's before 381dcb2); and spin-wait off with every JVM on the machine
   (Flink's MiniCluster and the broker) reniced to +10, so the ONNX Runtime
   intra-op threads preempt them (the straggler hypothesis: a parallel op waits
   for its slowest thread, and a runnable JVM thread delays one of the two);
@@ -21,8 +22,10 @@ Not a test. Issue 24's diagnosis bench, side by side in one run on one machine
 - **per-thread CPU** over each job's steady phase (the last nine tenths from
   its first output to its last),
   grouped by process role (broker JVM, Flink JVM, Python worker, job client,
-  bench) and thread name, as CPU-ms per record, beside the plain loop's own
-  CPU-ms per record (``time.process_time``);
+  bench, and the bench's CPU sampler itself) and thread name, as CPU-ms per
+  record, beside the plain loop's own CPU-ms per record (``time.process_time``);
+  the report's diagnosis table splits each job's core-time per record beyond the
+  plain loop's (cores / records/s, idle included) into those roles;
 - **latency** (``--latency``): a trickle (1 record/s) and 30 % of the default
   job's throughput, with ``--latency-slo-ms``, and the same with Flink's
   ``execution.buffer-timeout.interval`` set to 5 ms through a config.yaml of
@@ -32,7 +35,7 @@ Not a test. Issue 24's diagnosis bench, side by side in one run on one machine
 Per-thread CPU comes from ``_cpu.Sampler`` (thread names from ``/proc``). Run::
 
     .venv/bin/python bench/colocation_bench.py [--reviews 4000] [--latency] [--out bench/colocation.json]
-        [--report bench/COLOCATION.md]   # --render: the report from --out alone
+        [--report bench/COLOCATION.md] [--report-section bench/REPORT.md]   # --render: from --out alone
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -50,9 +54,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _markdown
 import _report
 import psutil
-from _cpu import Sampler, jit_share
+from _cpu import SAMPLER_ROLE, Sampler, jit_share
 from _job_runner import JobSettings
 from _kafka_streaming import latency_run, throughput_run, warm_broker
 
@@ -145,6 +150,7 @@ def conf_dir_with(settings: dict[str, str]) -> Path:
 VARIANTS: dict[str, tuple[str, tuple[str, ...], int | None]] = {
     "default": ("default", (), None),
     "spin-off": ("spin-wait off", ("--onnx-spin-wait", "false"), None),
+    "spin-on": ("spin-wait on", ("--onnx-spin-wait", "true"), None),
     "spin-off-nice": ("spin-wait off, JVMs nice +10", ("--onnx-spin-wait", "false"), 10),
     "nice": ("default, JVMs nice +10", (), 10),
     "c1": ("C1 only in the job's JVM", ("--jvm-jit", "c1"), None),
@@ -166,6 +172,57 @@ def _by_variant(res: dict[str, Any], key: str = "records_per_s") -> dict[str, li
     return dict(out)
 
 
+#: The heading of the section that ``--report-section`` writes into a report of many benches.
+SECTION = "## Co-location cost (`bench/colocation_bench.py`)"
+#: The roles that ``_cpu.Sampler`` groups threads by, in the diagnosis table's order (``sampler``: the
+#: bench's CPU sampler thread, split out of ``bench`` since the sampler records its own CPU).
+DIAGNOSIS_ROLES = ("Flink JVM", "broker JVM", "bench", SAMPLER_ROLE, "other")
+
+
+def _cores(res: dict[str, Any]) -> int:
+    """The machine's cores as the run recorded them (``machine``: "<cpu>, N cores, ...")."""
+    if res.get("cores"):
+        return int(res["cores"])
+    match = re.search(r"(\d+) cores", res["machine"])
+    if match is None:
+        raise ValueError(f"no core count in the run's machine line: {res['machine']!r}")
+    return int(match.group(1))
+
+
+def diagnosis(res: dict[str, Any]) -> list[str]:
+    """Where each job's core-time per record goes beyond the plain loop's, in ms per record.
+
+    A job's core-time per record is cores / records/s (idle time included, as the issue defines the
+    co-location cost); the plain loop's the same over the mean of its two runs alone. The difference
+    splits into the Python worker's CPU beyond the plain loop's own CPU per record, each other role's
+    CPU, and idle core-time beyond the plain loop's; the parts add up to the difference up to the
+    sampler's rounding (a thread that ends between two samples)."""
+    cores = _cores(res)
+    jobs = {name: j for name, j in res["jobs"].items() if "records_per_s" in j}
+    roles = [r for r in DIAGNOSIS_ROLES
+             if any(r in j.get("cpu_ms_per_record_by_role", {}) for j in jobs.values())]
+    before, after = res["plain_before"], res["plain_after"]
+    base = (before["records_per_s"] + after["records_per_s"]) / 2
+    plain_total = 1000 * cores / base
+    plain_cpu = (before["cpu_ms_per_record"] + after["cpu_ms_per_record"]) / 2
+    lines = [f"Core-time per record ({cores} cores / records/s, idle included), ms: the plain loop alone "
+             f"{plain_total:.2f} (its CPU {plain_cpu:.2f}, idle {plain_total - plain_cpu:.2f}). Each job's "
+             "excess over it, split by where it went (positive: the job spent more than the plain loop):",
+             "", "| job | core-ms per record | beyond plain alone | "
+             "Python worker minus the plain loop's CPU | "
+             + " | ".join(roles) + " | idle minus the plain loop's |",
+             "|---|---|---|---|" + "---|" * len(roles) + "---|"]
+    for name, j in jobs.items():
+        by_role = j.get("cpu_ms_per_record_by_role", {})
+        total = 1000 * cores / j["records_per_s"]
+        idle = 1000 * (cores - j["cores_busy"]) / j["records_per_s"]
+        worker = by_role.get("job client + Python worker", 0.0) - plain_cpu
+        lines.append(f"| {name} | {total:.2f} | {total - plain_total:+.2f} | {worker:+.2f} | "
+                     + " | ".join(f"{by_role.get(r, 0.0):.2f}" for r in roles)
+                     + f" | {idle - (plain_total - plain_cpu):+.2f} |")
+    return lines
+
+
 def render(res: dict[str, Any]) -> str:
     """The report of one run: the jobs against the plain loop alone, and their CPU per record by role."""
     before, after = res["plain_before"], res["plain_after"]
@@ -185,7 +242,9 @@ def render(res: dict[str, Any]) -> str:
              "after the job's start to its last output (steady: the JVMs' JIT compilers are done by then); "
              "the JVMs' JIT compiler threads and the CPU ms per record by process role over the steady "
              "phase (that minute on, else the last nine tenths; `bench` is the consumer that collects "
-             "the outputs; `other`, the rest of the machine: kernel workers and the like).", "",
+             "the outputs, and `sampler` the bench's thread that takes these CPU samples (in runs without "
+             "a `sampler` column, `bench` holds it too); `other`, the rest of the machine: kernel workers "
+             "and the like).", "",
              "| job | records/s (e) | vs plain alone | steady records/s | vs plain alone | cores busy | "
              "JIT cores | " + " | ".join(roles) + " |",
              "|---|---|---|---|---|---|---|" + "---|" * len(roles)]
@@ -200,7 +259,14 @@ def render(res: dict[str, Any]) -> str:
         lines.append(f"| {name} | {j['records_per_s']:.1f} | {j['records_per_s'] / base:.3f}x | "
                      f"{steady_cells} | {j['cores_busy']:.2f} | {jit_cells} | "
                      + " | ".join(f"{by_role.get(r, 0.0):.2f}" for r in roles) + " |")
+    lines += ["", *diagnosis(res)]
     return "\n".join(lines) + "\n"
+
+
+def write_section(res: dict[str, Any], path: Path) -> None:
+    """Write :func:`render`'s report as the ``SECTION`` of ``path`` (e.g. ``bench/REPORT.md``)."""
+    body = render(res).split("\n", 1)[1]
+    _markdown.replace_section(path, SECTION, f"{SECTION}\n{body}")
 
 
 def main() -> int:
@@ -221,15 +287,23 @@ def main() -> int:
     p.add_argument("--load-seconds", type=float, default=30.0)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "colocation_results.json")
     p.add_argument("--report", type=Path, default=None, help="also write the markdown report here")
-    p.add_argument("--render", action="store_true", help="only write --report from --out's results")
+    p.add_argument("--report-section", type=Path, default=None,
+                   help=f"also write the report as the section '{SECTION}' of this file (bench/REPORT.md)")
+    p.add_argument("--render", action="store_true",
+                   help="only write --report / --report-section from --out's results")
     a = p.parse_args()
+    if a.render and a.report_section is not None:
+        write_section(json.loads(a.out.read_text()), a.report_section)
+        if a.report is None:
+            return 0
     if _report.render_only(p, a, render):
         return 0
 
     from _kafka_load import bench_broker
 
     assets, texts = _report.model_and_reviews(a.reviews)
-    res: dict[str, Any] = {"machine": _report.machine(), "reviews": len(texts), "repeat": a.repeat,
+    res: dict[str, Any] = {"machine": _report.machine(), "cores": os.cpu_count(), "reviews": len(texts),
+                           "repeat": a.repeat,
                            "threads": a.threads,
                            "plain_batch_size": a.batch_size, "jobs": {}, "latency": {}}
     print(json.dumps(res["machine"]), flush=True)
@@ -306,6 +380,8 @@ def main() -> int:
     save()
     if a.report is not None:
         a.report.write_text(render(res), encoding="utf-8")
+    if a.report_section is not None:
+        write_section(res, a.report_section)
     print(json.dumps({k: v.get("ratio_to_plain_alone") for k, v in res["jobs"].items()}), flush=True)
     return 0
 
