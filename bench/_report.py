@@ -300,10 +300,11 @@ WHY = [
     "of 12 reviews, 86.7 against 99.5 ms per chunk of 40, 1,568 against 1,615 ms per chunk of 1,024), "
     "which shortens every bundle cycle.",
     "- With `--latency-slo-ms` the bundle time is SLO/30 within [5, 50] ms (SLO 150: 5 ms; 10 ms bundles "
-    "gave p99 163-164 ms at 30 % load against 121-146 ms at 5 ms in interleaved runs) and ONNX Runtime's "
-    "intra-op "
-    "threads stop spin-waiting between runs (`--onnx-spin-wait`): two A/B pairs at 155 records/s gave "
-    "p99 291 and 332 ms without spinning against 356 and 605 ms with it.",
+    "gave p99 163-164 ms at 30 % load against 121-146 ms at 5 ms in interleaved runs) and a local job's "
+    "JVM compiles with C1 only (`--jvm-jit`). ONNX Runtime's intra-op threads do not spin-wait between "
+    "runs in any job (`--onnx-spin-wait` defaults to false): two A/B pairs at 155 records/s gave p99 291 "
+    "and 332 ms without spinning against 356 and 605 ms with it, and on 2 cores shared with the JVMs the "
+    "job without spinning was as fast or faster (decision 7, addendum; `bench/COLOCATION_amd_slow_warm.md`).",
 ]
 
 
