@@ -17,8 +17,10 @@ Not a test. Issue 24's diagnosis bench, side by side in one run on one machine
   takes the model's cores in the first minute); and ``--parallelism 2`` over a topic of two
   partitions with one intra-op thread per run (``p2-t1``; ``p2-t1-d2`` with ``--pipeline-depth 2``: the
   local job's subtasks share one model, so two runs go at once), where no op
-  waits for a second thread; each job's records/s is the inference bench's (e)
-  (a start-up probe, then every text; start-up taken out);
+  waits for a second thread; and ``trace``: the defaults with the Arrow operator's per-batch
+  trace (``--latency-trace-dir``), whose worker wall time per record (decode, inference, render,
+  gaps between batches) the report puts beside the plain loop's; each job's records/s is the
+  inference bench's (e) (a start-up probe, then every text; start-up taken out);
 - **per-thread CPU** over each job's steady phase (the last nine tenths from
   its first output to its last),
   grouped by process role (broker JVM, Flink JVM, Python worker, job client,
@@ -60,6 +62,7 @@ import psutil
 from _cpu import SAMPLER_ROLE, Sampler, jit_share
 from _job_runner import JobSettings
 from _kafka_streaming import latency_run, throughput_run, warm_broker
+from _worker_trace import worker_time
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -151,6 +154,7 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...], int | None]] = {
     "default": ("default", (), None),
     "spin-off": ("spin-wait off", ("--onnx-spin-wait", "false"), None),
     "spin-on": ("spin-wait on", ("--onnx-spin-wait", "true"), None),
+    "trace": ("default, worker traced", (), None),  # + --latency-trace-dir: :data:`TRACED`
     "spin-off-nice": ("spin-wait off, JVMs nice +10", ("--onnx-spin-wait", "false"), 10),
     "nice": ("default, JVMs nice +10", (), 10),
     "c1": ("C1 only in the job's JVM", ("--jvm-jit", "c1"), None),
@@ -159,6 +163,8 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...], int | None]] = {
     "p2-t1-d2": ("parallelism 2, one intra-op thread each, pipeline depth 2",
                  ("--parallelism", "2", "--intra-op-threads", "1", "--pipeline-depth", "2"), None),
 }
+#: Variants that also write the Arrow operator's per-batch trace, summarised by ``_worker_trace``.
+TRACED = frozenset({"trace"})
 #: Input topic partitions of a variant (default 1): a parallel job reads one per source subtask.
 PARTITIONS: dict[str, int] = {"p2-t1": 2, "p2-t1-d2": 2}
 
@@ -259,8 +265,28 @@ def render(res: dict[str, Any]) -> str:
         lines.append(f"| {name} | {j['records_per_s']:.1f} | {j['records_per_s'] / base:.3f}x | "
                      f"{steady_cells} | {j['cores_busy']:.2f} | {jit_cells} | "
                      + " | ".join(f"{by_role.get(r, 0.0):.2f}" for r in roles) + " |")
-    lines += ["", *diagnosis(res)]
+    lines += ["", *diagnosis(res), *_worker_lines(res, base)]
     return "\n".join(lines) + "\n"
+
+
+def _worker_lines(res: dict[str, Any], base: float) -> list[str]:
+    """The traced jobs' worker wall time per record, beside the plain loop alone's (empty: none traced)."""
+    traced = {n: j["worker_time_ms_per_record"] for n, j in res["jobs"].items()
+              if "worker_time_ms_per_record" in j}
+    if not traced:
+        return []
+    lines = ["", "The Python worker's wall time in the traced jobs, ms per record, from the Arrow operator's "
+             "per-batch trace (`--latency-trace-dir`; decode: the records to texts; inference: the batcher's "
+             "cuts, tokenizing and every model call; render: the output rows; gaps: the rest of the span, "
+             "PyFlink's Arrow conversion and gRPC in the worker and the worker waiting for the JVM at bundle "
+             f"ends). The plain loop alone: {1000 / base:.2f} ms per record, all of it inference.", "",
+             "| job | Arrow batches | records per batch | decode | inference | render | gaps | all |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, w in traced.items():
+        parts = [w[k] for k in ("decode", "inference", "render", "gap")]
+        lines.append(f"| {name} | {w['batches']:,} | {w['records_per_batch']:.0f} | "
+                     + " | ".join(f"{v:.2f}" for v in parts) + f" | {sum(parts):.2f} |")
+    return lines
 
 
 def write_section(res: dict[str, Any], path: Path) -> None:
@@ -331,9 +357,14 @@ def main() -> int:
             name, extra, renice = VARIANTS[variant]
             name = f"{name} #{sum(k.rsplit(' #', 1)[0] == name for k in res['jobs']) + 1}"
             print(f"[job {name}] ...", flush=True)
+            trace_dir = log_dir / f"trace-{len(res['jobs'])}"
+            if variant in TRACED:
+                extra = (*extra, "--latency-trace-dir", str(trace_dir))
             try:
                 r = job_run(bootstrap, texts * a.repeat, settings(*extra), log_dir,
                             f"co-{len(res['jobs'])}", renice, PARTITIONS.get(variant, 1))
+                if variant in TRACED:
+                    r["worker_time_ms_per_record"] = worker_time(trace_dir)
             except Exception as exc:  # report and go on
                 r = {"error": f"{type(exc).__name__}: {exc}"}
             res["jobs"][name] = r
