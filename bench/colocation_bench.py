@@ -226,6 +226,13 @@ def diagnosis(res: dict[str, Any]) -> list[str]:
         lines.append(f"| {name} | {total:.2f} | {total - plain_total:+.2f} | {worker:+.2f} | "
                      + " | ".join(f"{by_role.get(r, 0.0):.2f}" for r in roles)
                      + f" | {idle - (plain_total - plain_cpu):+.2f} |")
+    probes = {name: j["cpu_ms_per_record_by_role"][SAMPLER_ROLE] * j["records_per_s"] / 1000.0
+              for name, j in jobs.items() if SAMPLER_ROLE in j.get("cpu_ms_per_record_by_role", {})}
+    if probes:
+        lines += ["", "The sampler does the same work each second (a snapshot of every thread), so its CPU "
+                  "per second of the run is a probe of the machine's speed during each job (higher: slower; "
+                  "it also grows a little with the threads on the machine): "
+                  + "; ".join(f"{name} {1000 * v:.1f} ms/s" for name, v in probes.items()) + "."]
     return lines
 
 
