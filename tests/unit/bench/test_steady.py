@@ -66,7 +66,9 @@ def test_a_running_sampler_reports_its_own_cpu_and_the_bench_s_work(cpu) -> None
         deadline = time.thread_time() + 0.3
         while time.thread_time() < deadline:  # the bench's main thread works meanwhile
             pass
-        time.sleep(0.2)
+        done = time.time()
+        while sampler.samples[-1][0] <= done:  # a snapshot after the work, so the window holds all of it
+            time.sleep(0.01)
     first, last = sampler.samples[0], sampler.samples[-1]
     wall, seconds = sampler.between(first[0], last[0])
     assert wall > 0.0
